@@ -1,0 +1,56 @@
+# intentops: the two commands a new user runs are `make demo` and `make test`.
+# Both create the virtual environment first (pip, pinned by constraints.txt).
+
+PYTHON ?= python3.11
+VENV   := .venv
+BIN    := $(CURDIR)/$(VENV)/bin
+ROWS   ?= 20000
+SEED   ?= 7
+
+# Everything Airflow and Spark need, project-local: no state outside this folder.
+export PATH := $(BIN):$(PATH)
+export AIRFLOW_HOME := $(CURDIR)/var/airflow
+export AIRFLOW__CORE__DAGS_FOLDER := $(CURDIR)/dags
+export AIRFLOW__CORE__LOAD_EXAMPLES := False
+export AIRFLOW__CORE__UNIT_TEST_MODE := False
+export AIRFLOW_CONN_SPARK_DEFAULT ?= {"conn_type": "spark", "host": "local[*]"}
+export PYSPARK_PYTHON := $(BIN)/python
+export SPARK_LOCAL_IP ?= 127.0.0.1
+
+.PHONY: demo test venv lint bench clean-var
+
+# Run the whole pipeline on the bundled demo data, through Airflow.
+demo: $(VENV)/.installed
+	$(BIN)/intentops build-raw --out var/demo/raw --rows $(ROWS) --seed $(SEED) --format csv
+	$(BIN)/airflow db migrate > var/airflow-db.log 2>&1 || (cat var/airflow-db.log; exit 1)
+	$(BIN)/airflow dags test intentops_pipeline \
+	  --conf '{"input_path": "var/demo/raw/raw.csv"}' > var/demo/dags-test.log 2>&1 \
+	  || (tail -n 80 var/demo/dags-test.log; exit 1)
+	@echo "Airflow log: var/demo/dags-test.log"
+	@$(BIN)/intentops summary
+
+# The test suite: unit, Spark, DAG integrity and end-to-end through `airflow dags test`.
+test: $(VENV)/.installed
+	$(BIN)/python -m pytest -q
+
+lint: $(VENV)/.installed
+	$(BIN)/ruff check .
+
+bench: $(VENV)/.installed
+	$(BIN)/python benchmarks/data_stages.py
+
+venv: $(VENV)/.installed
+
+# pyspark-client (required by the Spark provider) ships a copy of the pyspark Python
+# package that overwrites pyspark's own; reinstalling pyspark last restores the files that
+# match its JVM jars.
+$(VENV)/.installed: pyproject.toml constraints.txt
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q -c constraints.txt -e '.[dev]'
+	$(BIN)/pip install -q --force-reinstall --no-deps -c constraints.txt pyspark
+	mkdir -p var
+	touch $@
+
+clean-var:
+	rm -rf var

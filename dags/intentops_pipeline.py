@@ -1,0 +1,135 @@
+"""
+### intentops: raw customer messages to a curated training set
+
+One DAG for the whole pipeline. Each task is an idempotent stage: it publishes its
+output atomically under the lake (`lake_root` in `configs/pipeline.yaml`) with a manifest,
+and a rerun with the same input and settings is a cache hit that does no work.
+
+| task | what it does |
+|---|---|
+| `resolve_config` | resolves the typed config once (YAML + environment + this run's params) and saves it with the run |
+| `clean` | Spark: schema, Unicode NFKC, whitespace and control characters, length bounds, label normalization; rejects go to quarantine with a reason code |
+| `dedup` | Spark: exact duplicates on the normalized key, then near-duplicates by MinHash LSH; one survivor per cluster, clusters with disagreeing labels flagged |
+| `summary` | rows in, kept, quarantined by reason, duplicates merged and time, per stage |
+
+**Params** (the trigger form): `input_path` and `input_format` of the raw export,
+`min_chars` / `max_chars` length bounds and the near-duplicate `dedup_threshold`.
+Paths relative to the project root are fine.
+
+**Trigger** from the UI's trigger form, or
+`airflow dags trigger intentops_pipeline --conf '{"input_path": "exports/tickets.csv"}'`,
+or `POST /api/v2/dags/intentops_pipeline/dagRuns` with `{"conf": {...}}`.
+
+The Spark stages run through `spark-submit` against the `spark_default` connection:
+`local[*]` by default, any Spark master (`spark://...`, `yarn`, `k8s://...`) by
+configuration.
+"""
+
+from __future__ import annotations
+
+import os
+from datetime import timedelta
+from pathlib import Path
+
+import pendulum
+from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
+from airflow.sdk import Param, dag, task
+
+PROJECT = Path(__file__).resolve().parent.parent
+JOBS = PROJECT / "jobs" / "spark"
+CONFIG_REF = "{{ ti.xcom_pull(task_ids='resolve_config') }}"
+
+default_args = {
+    "owner": "intentops",
+    "retries": 2,
+    "retry_delay": timedelta(seconds=20),
+    "retry_exponential_backoff": True,
+    "max_retry_delay": timedelta(minutes=10),
+    "execution_timeout": timedelta(minutes=45),
+}
+
+
+def spark_stage(task_id: str) -> SparkSubmitOperator:
+    return SparkSubmitOperator(
+        task_id=task_id,
+        application=str(JOBS / f"{task_id}.py"),
+        conn_id="spark_default",
+        name=f"intentops-{task_id}",
+        application_args=["--resolved-config", CONFIG_REF, "--run-id", "{{ run_id }}"],
+        driver_memory=os.environ.get("INTENTOPS_SPARK_DRIVER_MEMORY", "4g"),
+        conf={"spark.ui.showConsoleProgress": "false"},
+        # The Python that runs the job's driver and workers: the one with this project.
+        env_vars={"PYSPARK_PYTHON": os.environ.get("PYSPARK_PYTHON", "python3")},
+    )
+
+
+@dag(
+    dag_id="intentops_pipeline",
+    doc_md=__doc__,
+    schedule="@daily",
+    start_date=pendulum.datetime(2026, 11, 1, tz="UTC"),
+    catchup=False,
+    # Stages publish under content-addressed keys; one run at a time keeps two runs from
+    # racing for the same key's temp directory.
+    max_active_runs=1,
+    default_args=default_args,
+    dagrun_timeout=timedelta(hours=3),
+    tags=["intentops", "data"],
+    params={
+        "input_path": Param(
+            "var/demo/raw/raw.csv",
+            type="string",
+            minLength=1,
+            description="Raw export to process: a CSV, JSONL or Parquet file or folder.",
+        ),
+        "input_format": Param(
+            "auto",
+            enum=["auto", "csv", "jsonl", "parquet"],
+            description="Format of the export; auto picks by file extension.",
+        ),
+        "min_chars": Param(
+            2, type="integer", minimum=1, description="Shorter messages are quarantined."
+        ),
+        "max_chars": Param(
+            1000, type="integer", minimum=10, description="Longer messages are quarantined."
+        ),
+        "dedup_threshold": Param(
+            0.8,
+            type="number",
+            exclusiveMinimum=0,
+            maximum=1,
+            description="Jaccard similarity of 5-byte shingles at or above which two messages are near-duplicates.",
+        ),
+    },
+)
+def intentops_pipeline():
+    @task(retries=1)
+    def resolve_config(params: dict, run_id: str) -> str:
+        """Resolve the config once for the run and save it; later tasks read the file."""
+        from pipeline.runs import resolve_run_config
+
+        return resolve_run_config(
+            run_id,
+            {
+                "input.path": params["input_path"],
+                "input.format": params["input_format"],
+                "clean.min_chars": params["min_chars"],
+                "clean.max_chars": params["max_chars"],
+                "dedup.threshold": params["dedup_threshold"],
+            },
+        )
+
+    @task
+    def summary(config_path: str, run_id: str) -> str:
+        """Per-stage summary of the run, logged and saved beside the run's pointers."""
+        from pipeline.runs import write_summary
+
+        return write_summary(config_path, run_id)
+
+    config_path = resolve_config()
+    clean = spark_stage("clean")
+    dedup = spark_stage("dedup")
+    config_path >> clean >> dedup >> summary(config_path)
+
+
+intentops_pipeline()

@@ -1,0 +1,279 @@
+"""Clean stage: schema, Unicode and whitespace normalization, length bounds, labels.
+
+Reads the raw export (CSV, JSONL or Parquet, columns mapped by ``input.columns``) and
+publishes ``kept/`` (canonical, normalized rows) and ``quarantine/`` (every rejected row
+with a reason code and a detail) as one stage output. Every input record ends in exactly
+one of the two; the manifest holds the counts per reason.
+
+Run by hand:  spark-submit jobs/spark/clean.py [--config FILE] [--set input.path=...]
+or:           intentops clean --set input.path=data.csv
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if __package__ in (None, ""):  # run as a file by spark-submit
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from jobs.spark import common
+from pipeline import stage, textnorm
+from pipeline.config import CleanConfig, PipelineConfig
+
+if TYPE_CHECKING:
+    from pyspark.sql import Column, DataFrame, SparkSession
+
+STAGE = "clean"
+ANNOTATIONS_SCHEMA = "array<struct<annotator:string,label:string>>"
+
+# Reject reasons, in the order they are checked: a row gets the first that applies.
+REASONS = (
+    "malformed_record",  # the parser could not split the record into the header's columns
+    "empty_text",  # missing, empty or whitespace-only message
+    "control_chars",  # binary garbage / terminal escapes in the text
+    "mojibake",  # UTF-8 decoded as cp1252 somewhere upstream
+    "too_short",
+    "too_long",
+    "missing_label",
+    "unknown_label",  # not in the label set even after normalization
+    "bad_annotations",  # annotations present but not a JSON list of {annotator, label}
+    "bad_timestamp",
+    "duplicate_id",  # a second record with an id already seen: ids must identify rows
+)
+
+
+def _nfkc_udf():
+    import unicodedata
+
+    import pandas as pd
+    from pyspark.sql.functions import pandas_udf
+
+    # Spark SQL has no Unicode normalization function, so NFKC runs in a vectorized
+    # pandas UDF. ASCII is NFKC-invariant: only non-ASCII messages pay the Python call.
+    def nfkc(s):
+        mask = s.notna() & s.str.contains(r"[^\x00-\x7f]", regex=True, na=False)
+        if mask.any():
+            s = s.copy()
+            s[mask] = s[mask].map(lambda t: unicodedata.normalize("NFKC", t))
+        return s
+
+    # Real annotations (not strings, as `from __future__ import annotations` makes them):
+    # pandas_udf reads them to pick the Series -> Series flavour.
+    nfkc.__annotations__ = {"s": pd.Series, "return": pd.Series}
+    return pandas_udf(nfkc, "string")
+
+
+def normalize_text_col(col: Column) -> Column:
+    """Spark version of ``textnorm.normalize_text`` (NFKC, invisible chars, whitespace)."""
+    from pyspark.sql import functions as F
+
+    t = _nfkc_udf()(col)
+    t = F.regexp_replace(t, f"[{textnorm._INVISIBLE}]", "")
+    t = F.regexp_replace(t, r"(?U)\s+", " ")
+    return F.trim(t)
+
+
+def normalize_label_col(col: Column) -> Column:
+    from pyspark.sql import functions as F
+
+    out = F.regexp_replace(F.lower(F.trim(col)), r"[\s\-]+", "_")
+    return F.when(out == "", None).otherwise(out)
+
+
+def clean_frame(raw: DataFrame, labels: list[str], cfg: CleanConfig) -> DataFrame:
+    """Flag every row of a canonical raw frame (see ``common.read_raw``).
+
+    Returns all rows, normalized, with ``reason`` and ``detail`` (null when the row is
+    kept). Hot paths are native Spark expressions; only NFKC is a (vectorized) UDF.
+    """
+    from pyspark.sql import Window
+    from pyspark.sql import functions as F
+
+    df = raw.withColumn("_row", F.monotonically_increasing_id())
+    df = df.withColumn(
+        "record_id",
+        F.coalesce(F.col("id"), F.concat_ws(":", F.col("_source"), F.col("_row").cast("string"))),
+    )
+    text = normalize_text_col(F.col("text"))
+    df = df.withColumn("norm_text", text).withColumn("norm_len", F.length("norm_text"))
+    df = df.withColumn("norm_label", normalize_label_col(F.col("label")))
+    df = df.withColumn("ann", F.from_json("annotations", ANNOTATIONS_SCHEMA))
+    df = df.withColumn("ts", F.try_to_timestamp(F.col("created_at")))
+
+    label_set = F.array(*[F.lit(x) for x in sorted(labels)])
+    checks: list[tuple[str, Column, Column]] = [
+        (
+            "malformed_record",
+            F.col(common.CORRUPT).isNotNull(),
+            F.lit("the record does not parse into the header's columns (broken quoting?)"),
+        ),
+        (
+            "empty_text",
+            F.col("norm_text").isNull() | (F.col("norm_len") == 0),
+            F.lit("message is missing, empty or whitespace only"),
+        ),
+        (
+            "control_chars",
+            F.col("text").rlike(textnorm.CONTROL_RE.pattern),
+            F.lit("message contains control characters"),
+        ),
+        (
+            "mojibake",
+            F.col("text").rlike(textnorm.MOJIBAKE_RE.pattern),
+            F.lit("message looks mis-decoded (UTF-8 read as cp1252)"),
+        ),
+        (
+            "too_short",
+            F.col("norm_len") < cfg.min_chars,
+            F.format_string("length %d < min_chars %d", F.col("norm_len"), F.lit(cfg.min_chars)),
+        ),
+        (
+            "too_long",
+            F.col("norm_len") > cfg.max_chars,
+            F.format_string("length %d > max_chars %d", F.col("norm_len"), F.lit(cfg.max_chars)),
+        ),
+        ("missing_label", F.col("norm_label").isNull(), F.lit("no label")),
+        (
+            "unknown_label",
+            ~F.array_contains(label_set, F.col("norm_label")),
+            F.lit("label is not in the label set"),
+        ),
+        (
+            "bad_annotations",
+            F.col("annotations").isNotNull() & F.col("ann").isNull(),
+            F.lit("annotations are not a JSON list of {annotator, label}"),
+        ),
+        (
+            "bad_timestamp",
+            F.col("created_at").isNotNull() & F.col("ts").isNull(),
+            F.lit("created_at is not an ISO-8601 timestamp"),
+        ),
+    ]
+    reason: Column = F.lit(None).cast("string")
+    detail: Column = F.lit(None).cast("string")
+    for code, cond, why in reversed(checks):
+        reason = F.when(cond, F.lit(code)).otherwise(reason)
+        detail = F.when(cond, why).otherwise(detail)
+    df = df.withColumn("reason", reason).withColumn("detail", detail)
+
+    # Duplicate ids among otherwise valid rows: the first in file order keeps the id.
+    first = Window.partitionBy("record_id").orderBy("_source", "_row")
+    df = df.withColumn("_dup", F.col("reason").isNull() & (F.row_number().over(first) > 1))
+    df = df.withColumns(
+        {
+            "reason": F.when(F.col("_dup"), F.lit("duplicate_id")).otherwise(F.col("reason")),
+            "detail": F.when(
+                F.col("_dup"), F.lit("id already used by an earlier record")
+            ).otherwise(F.col("detail")),
+        }
+    ).drop("_dup")
+    ann_norm = F.transform(
+        "ann",
+        lambda a: F.struct(
+            a["annotator"].alias("annotator"), normalize_label_col(a["label"]).alias("label")
+        ),
+    )
+    return df.withColumn("ann_norm", ann_norm)
+
+
+def kept_view(flagged: DataFrame) -> DataFrame:
+    from pyspark.sql import functions as F
+
+    return flagged.where(F.col("reason").isNull()).select(
+        "record_id",
+        F.col("norm_text").alias("text"),
+        F.col("norm_label").alias("label"),
+        F.coalesce("ann_norm", F.array().cast(ANNOTATIONS_SCHEMA)).alias("annotations"),
+        F.col("ts").alias("created_at"),
+        "channel",
+        F.col("_source").alias("source_file"),
+    )
+
+
+def quarantine_view(flagged: DataFrame) -> DataFrame:
+    from pyspark.sql import functions as F
+
+    return flagged.where(F.col("reason").isNotNull()).select(
+        "record_id",
+        "reason",
+        "detail",
+        F.col("text").alias("raw_text"),
+        F.col("label").alias("raw_label"),
+        F.col(common.CORRUPT).alias("raw_record"),
+        F.col("_source").alias("source_file"),
+    )
+
+
+def load_labels(cfg: PipelineConfig) -> list[str]:
+    path = cfg.resolve_path(cfg.clean.labels_file)
+    try:
+        labels = json.loads(Path(path).read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise stage.StageError(f"{path}: cannot read the label set: {exc}") from exc
+    if not isinstance(labels, list) or not labels or not all(isinstance(x, str) for x in labels):
+        raise stage.StageError(f"{path}: the label set must be a non-empty JSON list of strings")
+    return labels
+
+
+def run(cfg: PipelineConfig, run_id: str | None = None, spark: SparkSession | None = None):
+    src = cfg.resolve_path(cfg.input.path)
+    fmt = common.detect_format(str(src), cfg.input.format)
+    labels = load_labels(cfg)
+    inputs: dict[str, Any] = {"raw": stage.file_fingerprint(src) | {"format": fmt}}
+    stage_cfg = {
+        "input": cfg.input.model_dump(exclude={"path"}),
+        "clean": cfg.clean.model_dump(),
+        "labels": sorted(labels),
+    }
+
+    def work(out: Path) -> dict[str, Any]:
+        from pyspark import StorageLevel
+
+        session = spark or common.get_spark(cfg, "intentops-clean")
+        raw = common.read_raw(session, cfg, str(src))
+        flagged = clean_frame(raw, labels, cfg.clean).persist(StorageLevel.MEMORY_AND_DISK)
+        try:
+            by_reason = {
+                r["reason"]: r["count"] for r in flagged.groupBy("reason").count().collect()
+            }
+            total = sum(by_reason.values())
+            if total == 0:
+                raise stage.StageError(f"{src}: input has no records")
+            kept_n = by_reason.pop(None, 0)
+            kept_view(flagged).write.parquet(str(out / "kept"))
+            quarantine_view(flagged).write.parquet(str(out / "quarantine"))
+        finally:
+            flagged.unpersist()
+        quarantined = sum(by_reason.values())
+        # A guard against a bug, not a user error: nothing may be lost between in and out.
+        if kept_n + quarantined != total:
+            raise AssertionError(f"row accounting broken: {kept_n}+{quarantined} != {total}")
+        return {
+            "rows_in": total,
+            "kept": kept_n,
+            "quarantined": quarantined,
+            "quarantine_by_reason": {r: by_reason.get(r, 0) for r in REASONS if by_reason.get(r)},
+            "input_path": str(src),
+        }
+
+    return stage.run_stage(STAGE, cfg.lake, inputs, stage_cfg, _code_version(), work, run_id)
+
+
+def _code_version() -> str:
+    from pipeline import config as config_mod
+
+    return stage.code_version([Path(__file__), common, textnorm, stage, config_mod])
+
+
+def main(argv: list[str] | None = None) -> None:
+    def go(args):
+        return run(common.config_from_args(args), run_id=args.run_id)
+
+    common.run_main(go, __doc__.splitlines()[0], argv)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,234 @@
+"""Shared plumbing for the Spark jobs: session, raw-input reader, argument parsing.
+
+Every job is both an importable function over DataFrames (what the tests call) and a
+spark-submit entry point (what the DAG runs). Under spark-submit the master and the
+resources come from spark-submit itself; run directly, the job starts a local session
+from ``spark.master`` in the config.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from pipeline.config import PipelineConfig, load_config
+from pipeline.stage import StageError
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+
+log = logging.getLogger(__name__)
+
+CORRUPT = "_corrupt_record"
+# Canonical names the rest of the pipeline uses, whatever the export calls them.
+FIELDS = ("id", "text", "label", "annotations", "created_at", "channel")
+REQUIRED = ("text", "label")
+
+
+def get_spark(cfg: PipelineConfig, app: str) -> SparkSession:
+    import os
+
+    from pyspark.sql import SparkSession
+
+    builder = SparkSession.builder.appName(app)
+    # spark-submit starts the Python driver with a gateway to its JVM (and the master,
+    # memory, etc. it was given); only outside it do we pick a master ourselves.
+    if "PYSPARK_GATEWAY_PORT" not in os.environ:
+        if cfg.spark.master.startswith("local"):
+            os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+        # Python workers must run this interpreter (it has the project's packages).
+        os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+        builder = builder.master(cfg.spark.master).config(
+            "spark.driver.memory", cfg.spark.driver_memory
+        )
+    spark = (
+        builder.config("spark.sql.shuffle.partitions", str(cfg.spark.shuffle_partitions))
+        .config("spark.ui.showConsoleProgress", "false")
+        .config("spark.ui.enabled", "false")
+        .config("spark.log.structuredLogging.enabled", "false")
+        # Arrow batches feed the vectorized UDFs; 4k rows keeps their numpy buffers small.
+        .config("spark.sql.execution.arrow.maxRecordsPerBatch", "4096")
+        .config("spark.sql.session.timeZone", "UTC")
+        .getOrCreate()
+    )
+    spark.sparkContext.setLogLevel("WARN")
+    return spark
+
+
+def detect_format(path: str, fmt: str) -> str:
+    if fmt != "auto":
+        return fmt
+    name = path.rstrip("/").lower()
+    for ext, f in (
+        (".csv", "csv"),
+        (".jsonl", "jsonl"),
+        (".json", "jsonl"),
+        (".parquet", "parquet"),
+    ):
+        if name.endswith(ext):
+            return f
+    raise StageError(
+        f"{path}: cannot tell the input format from the name; set input.format to csv, jsonl or parquet"
+    )
+
+
+def _mapped(cfg: PipelineConfig) -> dict[str, str]:
+    cols = cfg.input.columns.model_dump()
+    return {f: cols[f] for f in FIELDS if cols.get(f)}
+
+
+def _check_columns(path: str, present: list[str], mapping: dict[str, str]) -> None:
+    missing = [f"{src!r} (for {field})" for field, src in mapping.items() if src not in present]
+    required_missing = [m for m in missing if any(m.endswith(f"(for {r})") for r in REQUIRED)]
+    if required_missing:
+        raise StageError(
+            f"{path}: missing required column(s) {', '.join(required_missing)}; "
+            f"the file has {present}. Map your columns with input.columns.*"
+        )
+    if missing:
+        log.warning("%s: optional column(s) absent, treated as null: %s", path, ", ".join(missing))
+
+
+def read_raw(spark: SparkSession, cfg: PipelineConfig, path: str | None = None) -> DataFrame:
+    """Read a raw export into the canonical columns, all strings, plus ``_corrupt_record``
+    (the raw line of a record the parser could not read) and ``_source`` (file name).
+
+    Fails with a message naming the file for an unreadable or empty input or a missing
+    required column. Row-level problems are left for the clean stage to quarantine.
+    """
+    from pyspark.errors import AnalysisException
+    from pyspark.sql import functions as F
+    from pyspark.sql.types import StringType, StructField, StructType
+
+    src = str(cfg.resolve_path(path or cfg.input.path))
+    fmt = detect_format(src, cfg.input.format)
+    mapping = _mapped(cfg)
+    local = Path(src)
+    if "://" not in src:
+        if not local.exists():
+            raise StageError(f"{src}: input not found")
+        if local.is_file() and local.stat().st_size == 0:
+            raise StageError(f"{src}: input is empty (0 bytes)")
+    try:
+        if fmt == "parquet":
+            df = spark.read.parquet(src)
+            present = df.columns
+            _check_columns(src, present, mapping)
+            df = df.withColumn(CORRUPT, F.lit(None).cast("string"))
+        else:
+            present = _header(spark, src, fmt)
+            _check_columns(src, present, mapping)
+            schema = StructType(
+                [StructField(c, StringType()) for c in present]
+                + [StructField(CORRUPT, StringType())]
+            )
+            reader = (
+                spark.read.schema(schema)
+                .option("mode", "PERMISSIVE")
+                .option("columnNameOfCorruptRecord", CORRUPT)
+            )
+            if fmt == "csv":
+                df = (
+                    reader.option("header", True)
+                    .option("multiLine", cfg.input.csv_multiline)
+                    .option("encoding", cfg.input.encoding)
+                    .option("escape", '"')
+                    # Keep the text exactly as exported; the clean stage normalizes it.
+                    .option("ignoreLeadingWhiteSpace", False)
+                    .option("ignoreTrailingWhiteSpace", False)
+                    .csv(src)
+                )
+            else:
+                df = reader.json(src)
+    except AnalysisException as exc:
+        raise StageError(f"{src}: cannot read as {fmt}: {exc.getMessage()}") from exc
+    cols = []
+    for field in FIELDS:
+        source = mapping.get(field)
+        if source and source in present:
+            cols.append(F.col(f"`{source}`").cast("string").alias(field))
+        else:
+            cols.append(F.lit(None).cast("string").alias(field))
+    return df.select(*cols, F.col(CORRUPT), F.col("_metadata.file_name").alias("_source"))
+
+
+def _header(spark: SparkSession, src: str, fmt: str) -> list[str]:
+    """Column names without a schema-inference pass over the whole file."""
+    from pyspark.sql.utils import AnalysisException
+
+    try:
+        head = [r.value for r in spark.read.text(src).limit(200).collect()]
+    except AnalysisException as exc:
+        raise StageError(f"{src}: cannot read: {exc.getMessage()}") from exc
+    head = [h for h in head if h.strip()]
+    if not head:
+        raise StageError(f"{src}: input is empty (no records)")
+    if fmt == "csv":
+        import csv
+
+        return next(csv.reader([head[0]]))
+    keys: dict[str, None] = {}
+    for line in head:
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if isinstance(obj, dict):
+            keys.update(dict.fromkeys(obj))
+    if not keys:
+        raise StageError(f"{src}: no JSON object in the first {len(head)} lines; is it JSONL?")
+    return list(keys)
+
+
+def job_args(description: str, argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=description)
+    p.add_argument("--config", help="YAML config file (default configs/pipeline.yaml)")
+    p.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override a config field, e.g. --set dedup.threshold=0.85 (repeatable)",
+    )
+    p.add_argument(
+        "--resolved-config",
+        help="a run's resolved config.json (what the DAG passes); --config/--set then apply on top",
+    )
+    p.add_argument("--run-id", help="pipeline run id: records which outputs this run used")
+    return p.parse_args(argv)
+
+
+def config_from_args(args: argparse.Namespace) -> PipelineConfig:
+    import yaml
+
+    overrides: dict[str, Any] = {}
+    if args.resolved_config:
+        from pipeline.runs import load_run_config
+
+        if not args.set:
+            return load_run_config(args.resolved_config)
+        overrides = load_run_config(args.resolved_config).model_dump()
+    for item in args.set:
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise StageError(f"--set expects KEY=VALUE, got {item!r}")
+        overrides[key] = yaml.safe_load(value)
+    return load_config(args.config, overrides)
+
+
+def run_main(fn, description: str, argv: list[str] | None = None) -> None:
+    """Entry-point wrapper: a StageError becomes a one-line message and exit code 2
+    (a user problem), anything else a traceback (a bug)."""
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    try:
+        result = fn(job_args(description, argv))
+    except StageError as exc:
+        print(f"ERROR: {exc}", file=sys.stderr)
+        sys.exit(2)
+    print(result.to_json())

@@ -1,0 +1,344 @@
+"""Dedup stage: exact duplicates on the normalized key, then near-duplicates by MinHash LSH.
+
+Input: the clean stage's ``kept/``. Output (one stage output):
+
+* ``kept/``      one survivor per duplicate cluster (plus every unique row), with
+                 ``cluster_size``, ``cluster_labels`` and ``label_conflict``;
+* ``merged/``    every other member, whole, with ``survivor_id`` and ``match_type``
+                 (``exact`` or ``near``): nothing is dropped, label QA reads their votes;
+* ``clusters/``  one row per cluster of two or more, its labels and whether they disagree.
+
+The survivor of a cluster is its earliest message (``created_at``, then ``record_id``), so
+the choice does not depend on partitioning or file order. Clusters whose labels disagree
+are flagged for label QA, not resolved here.
+
+Run by hand:  spark-submit jobs/spark/dedup.py --run-id RUN   (after clean ran for RUN)
+or:           intentops dedup --run-id RUN
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if __package__ in (None, ""):  # run as a file by spark-submit
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from jobs.spark import common
+from pipeline import stage, textnorm
+from pipeline.config import DedupConfig, PipelineConfig
+
+if TYPE_CHECKING:
+    from collections.abc import Iterator
+
+    import pyarrow as pa
+    from pyspark.sql import Column, DataFrame, SparkSession
+
+STAGE = "dedup"
+
+
+def dedup_key_col(text: Column) -> Column:
+    """Spark version of ``textnorm.dedup_key`` (its input is already NFKC-normalized)."""
+    from pyspark.sql import functions as F
+
+    key = F.regexp_replace(F.lower(text), r"[^\p{L}\p{N}\s]", " ")
+    return F.trim(F.regexp_replace(key, r"(?U)\s+", " "))
+
+
+def minhash_fn(cfg: DedupConfig):
+    """Build the ``mapInArrow`` function: (doc, key) -> (doc, shingles, bands).
+
+    Why a vectorized UDF: Spark has no MinHash with banding. Spark ML's MinHashLSH uses
+    one hash per table (OR-amplification only), so unrelated pairs collide with
+    probability 1-(1-J)^L and the candidate set grows quadratically; its per-row lambda
+    alternative (``transform`` over shingles for each of 120 permutations) runs
+    interpreted. In numpy the whole Arrow batch is hashed at once, straight from the
+    Arrow buffers.
+    """
+    import numpy as np
+
+    k, b, r = cfg.shingle_k, cfg.num_bands, cfg.rows_per_band
+    rng = np.random.default_rng(cfg.seed)
+    n_perm = b * r
+    # Multiply-shift hashing, h(x) = (a*x + c) >> 32 with a odd: a universal family that
+    # numpy evaluates with wrapping uint64 arithmetic, no modulo.
+    mul = rng.integers(1, 2**63, size=n_perm, dtype=np.uint64) | np.uint64(1)
+    add = rng.integers(0, 2**63, size=n_perm, dtype=np.uint64)
+    band_mul = rng.integers(1, 2**63, size=r, dtype=np.uint64) | np.uint64(1)
+    shift = np.uint64(32)
+
+    def shingle_values(keys: pa.Array) -> tuple[np.ndarray, np.ndarray]:
+        import pyarrow as pa
+
+        width = np.int64 if pa.types.is_large_string(keys.type) else np.int32
+        offsets = np.frombuffer(keys.buffers()[1], dtype=width)
+        offsets = offsets[keys.offset : keys.offset + len(keys) + 1].astype(np.int64)
+        data = (
+            np.frombuffer(keys.buffers()[2], dtype=np.uint8)
+            if offsets[-1]
+            else np.zeros(0, np.uint8)
+        )
+        lens = np.diff(offsets)
+        counts = np.where(lens >= k, lens - k + 1, 1)
+        seg = np.concatenate(([0], np.cumsum(counts)[:-1]))
+        # k consecutive bytes packed big-endian into one integer: an exact, collision-free
+        # shingle id for k <= 8, computed for every byte position in k vector ops.
+        n_pos = max(int(offsets[-1]) - k + 1, 0)
+        packed = np.zeros(n_pos, dtype=np.uint64)
+        for j in range(k):
+            packed = (packed << np.uint64(8)) | data[j : j + n_pos].astype(np.uint64)
+        start = np.repeat(offsets[:-1], counts)
+        local = np.arange(int(counts.sum())) - np.repeat(seg, counts)
+        pos = np.minimum(start + local, max(n_pos - 1, 0))
+        values = packed[pos] if n_pos else np.zeros(len(pos), np.uint64)
+        for i in np.flatnonzero(lens < k):  # rare: keys shorter than one shingle
+            v = 0
+            for byte in data[offsets[i] : offsets[i + 1]]:
+                v = (v << 8) | int(byte)
+            values[seg[i]] = v
+        return values, seg
+
+    def fn(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        import pyarrow as pa
+
+        for batch in batches:
+            keys = batch.column(1)
+            if len(keys) == 0:
+                continue
+            values, seg = shingle_values(keys)
+            sig = np.empty((len(keys), n_perm), dtype=np.uint64)
+            for lo in range(0, n_perm, 24):  # chunks bound the (shingles x perms) buffer
+                hi = min(lo + 24, n_perm)
+                h = (values[:, None] * mul[None, lo:hi] + add[None, lo:hi]) >> shift
+                sig[:, lo:hi] = np.minimum.reduceat(h, seg, axis=0)
+            bands = (sig.reshape(len(keys), b, r) * band_mul).sum(axis=2, dtype=np.uint64)
+            yield pa.RecordBatch.from_arrays(
+                [
+                    batch.column(0),
+                    pa.ListArray.from_arrays(
+                        pa.array(np.append(seg, len(values)).astype(np.int32)),
+                        pa.array(values.view(np.int64)),
+                    ),
+                    pa.FixedSizeListArray.from_arrays(
+                        pa.array(bands.view(np.int64).ravel()), b
+                    ).cast(pa.list_(pa.int64())),
+                ],
+                names=["doc", "shingles", "bands"],
+            )
+
+    return fn
+
+
+def candidate_pairs(mh: DataFrame, max_bucket_pairs: int) -> DataFrame:
+    """Pairs of docs that share at least one band bucket: all pairs in small buckets, a
+    star around the smallest doc in large ones (so a message sent 10,000 times costs
+    10,000 pairs, not 50 million)."""
+    from pyspark.sql import functions as F
+
+    buckets = (
+        mh.select("doc", F.posexplode("bands").alias("band", "bkey"))
+        .groupBy("band", "bkey")
+        .agg(F.collect_list("doc").alias("m"))
+        .where(F.size("m") > 1)
+    )
+    small = (
+        buckets.where(F.size("m") <= max_bucket_pairs)
+        .select(F.explode("m").alias("a"), "m")
+        .select("a", F.explode("m").alias("b"))
+    )
+    star = buckets.where(F.size("m") > max_bucket_pairs).select(
+        F.array_min("m").alias("a"), F.explode("m").alias("b")
+    )
+    return small.unionByName(star).where(F.col("a") < F.col("b")).distinct()
+
+
+def verified_edges(pairs: DataFrame, mh: DataFrame, threshold: float) -> DataFrame:
+    """Exact Jaccard of each candidate pair's shingle sets (native array functions)."""
+    from pyspark.sql import functions as F
+
+    sh = mh.select("doc", "shingles")
+    joined = pairs.join(sh.toDF("a", "sa"), "a").join(sh.toDF("b", "sb"), "b")
+    inter = F.size(F.array_intersect("sa", "sb"))
+    union = F.size(F.array_union("sa", "sb"))
+    return joined.select("a", "b", (inter / union).alias("jaccard")).where(
+        F.col("jaccard") >= threshold
+    )
+
+
+def components(edges: list[tuple[int, int]]) -> dict[int, int]:
+    """doc -> component id (the smallest doc in it), for docs on at least one edge.
+
+    On the driver with scipy: the verified edges number about one per near-duplicate,
+    small next to the input, and this avoids an iterative Spark job of several shuffles.
+    """
+    import numpy as np
+    from scipy.sparse import coo_matrix
+    from scipy.sparse.csgraph import connected_components
+
+    if not edges:
+        return {}
+    arr = np.asarray(edges, dtype=np.int64)
+    nodes, inv = np.unique(arr.ravel(), return_inverse=True)
+    inv = inv.reshape(-1, 2)
+    n = len(nodes)
+    graph = coo_matrix((np.ones(len(inv)), (inv[:, 0], inv[:, 1])), shape=(n, n))
+    _, labels = connected_components(graph, directed=False)
+    smallest = np.full(labels.max() + 1, np.iinfo(np.int64).max)
+    np.minimum.at(smallest, labels, nodes)
+    return dict(zip(nodes.tolist(), smallest[labels].tolist(), strict=True))
+
+
+def dedup_frames(spark: SparkSession, kept: DataFrame, cfg: DedupConfig) -> dict[str, Any]:
+    """Run both passes over the clean stage's kept rows.
+
+    Returns the three output frames and the pass statistics.
+    """
+    from pyspark import StorageLevel
+    from pyspark.sql import Window
+    from pyspark.sql import functions as F
+
+    order = [F.col("created_at").asc_nulls_last(), F.col("record_id")]
+    by_key = Window.partitionBy("key").orderBy(*order)
+    rows = (
+        kept.withColumn("key", dedup_key_col(F.col("text")))
+        .withColumn("esurv", F.first("record_id").over(by_key))
+        .persist(StorageLevel.MEMORY_AND_DISK)
+    )
+    exact_survivors = (
+        rows.where(F.col("record_id") == F.col("esurv"))
+        .select("record_id", "key", "created_at")
+        .withColumn("doc", F.monotonically_increasing_id())
+        .persist(StorageLevel.MEMORY_AND_DISK)
+    )
+    mh = (
+        exact_survivors.select("doc", "key")
+        .mapInArrow(minhash_fn(cfg), "doc long, shingles array<long>, bands array<long>")
+        .persist(StorageLevel.MEMORY_AND_DISK)
+    )
+    pairs = candidate_pairs(mh, cfg.max_bucket_pairs).persist(StorageLevel.MEMORY_AND_DISK)
+    n_pairs = pairs.count()
+    edges_df = verified_edges(pairs, mh, cfg.threshold)
+    edges = [(r["a"], r["b"]) for r in edges_df.select("a", "b").collect()]
+    if len(edges) > cfg.max_driver_edges:
+        raise stage.StageError(
+            f"{len(edges)} near-duplicate edges exceed dedup.max_driver_edges="
+            f"{cfg.max_driver_edges}; raise the threshold or the limit"
+        )
+    comp = components(edges)
+    comp_df = spark.createDataFrame(list(comp.items()) or [(-1, -1)], "doc long, comp long")
+    # Survivor of a near cluster: the earliest of its exact survivors.
+    by_comp = Window.partitionBy("comp").orderBy(*order)
+    final = (
+        exact_survivors.join(F.broadcast(comp_df), "doc", "left")
+        .withColumn("comp", F.coalesce("comp", -F.col("doc") - 2))
+        .withColumn("survivor_id", F.first("record_id").over(by_comp))
+        .select(F.col("record_id").alias("esurv"), "survivor_id")
+    )
+    labeled = (
+        rows.join(final, "esurv")
+        .withColumn(
+            "match_type",
+            F.when(F.col("record_id") == F.col("survivor_id"), None)
+            .when(F.col("esurv") == F.col("survivor_id"), "exact")
+            .otherwise("near"),
+        )
+        .persist(StorageLevel.MEMORY_AND_DISK)
+    )
+    clusters = (
+        labeled.groupBy(F.col("survivor_id"))
+        .agg(
+            F.count("*").alias("cluster_size"),
+            F.sum((F.col("match_type") == "exact").cast("int")).alias("n_exact"),
+            F.sum((F.col("match_type") == "near").cast("int")).alias("n_near"),
+            F.array_sort(F.collect_set("label")).alias("cluster_labels"),
+        )
+        .withColumn("label_conflict", F.size("cluster_labels") > 1)
+    )
+    base_cols = list(kept.columns)
+    survivors = (
+        labeled.where(F.col("match_type").isNull())
+        .join(clusters, "survivor_id")
+        .select(*base_cols, "cluster_size", "cluster_labels", "label_conflict")
+    )
+    merged = labeled.where(F.col("match_type").isNotNull()).select(
+        *base_cols, "survivor_id", "match_type"
+    )
+    return {
+        "kept": survivors,
+        "merged": merged,
+        "clusters": clusters.where(F.col("cluster_size") > 1),
+        "stats": {"candidate_pairs": n_pairs, "near_edges": len(edges)},
+        "_persisted": [rows, exact_survivors, mh, pairs, labeled],
+    }
+
+
+def run(
+    cfg: PipelineConfig,
+    run_id: str,
+    spark: SparkSession | None = None,
+    clean_output: str | None = None,
+):
+    src = (
+        Path(clean_output) if clean_output else Path(stage.upstream(cfg.lake, run_id, "clean").path)
+    )
+    upstream_manifest = stage.read_manifest(src)
+    inputs = {"clean": {"key": upstream_manifest["key"]}}
+
+    def work(out: Path) -> dict[str, Any]:
+        from pyspark.sql import functions as F
+
+        session = spark or common.get_spark(cfg, "intentops-dedup")
+        kept = session.read.parquet(str(src / "kept"))
+        res = dedup_frames(session, kept, cfg.dedup)
+        try:
+            for name in ("kept", "merged", "clusters"):
+                res[name].write.parquet(str(out / name))
+            counts = {
+                r["match_type"]: r["count"]
+                for r in session.read.parquet(str(out / "merged"))
+                .groupBy("match_type")
+                .count()
+                .collect()
+            }
+            clusters = session.read.parquet(str(out / "clusters"))
+            n_clusters = clusters.count()
+            n_conflict = clusters.where(F.col("label_conflict")).count()
+            n_kept = session.read.parquet(str(out / "kept")).count()
+        finally:
+            for df in res["_persisted"]:
+                df.unpersist()
+        rows_in = upstream_manifest["stats"]["kept"]
+        merged = counts.get("exact", 0) + counts.get("near", 0)
+        if n_kept + merged != rows_in:
+            raise AssertionError(f"row accounting broken: {n_kept}+{merged} != {rows_in}")
+        return {
+            "rows_in": rows_in,
+            "kept": n_kept,
+            "merged_exact": counts.get("exact", 0),
+            "merged_near": counts.get("near", 0),
+            "clusters": n_clusters,
+            "label_conflict_clusters": n_conflict,
+            **res["stats"],
+        }
+
+    return stage.run_stage(
+        STAGE, cfg.lake, inputs, {"dedup": cfg.dedup.model_dump()}, _code_version(), work, run_id
+    )
+
+
+def _code_version() -> str:
+    return stage.code_version([Path(__file__), common, textnorm, stage])
+
+
+def main(argv: list[str] | None = None) -> None:
+    def go(args):
+        if not args.run_id:
+            raise stage.StageError("--run-id is required: dedup reads that run's clean output")
+        return run(common.config_from_args(args), run_id=args.run_id)
+
+    common.run_main(go, __doc__.splitlines()[0], argv)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,3 @@
+"""intentops: an Airflow-orchestrated MLOps pipeline for text classification."""
+
+__version__ = "0.1.0"

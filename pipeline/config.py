@@ -1,0 +1,179 @@
+"""The pipeline's one typed configuration.
+
+Resolved once per run from, in increasing priority:
+
+1. the defaults below,
+2. a YAML file (``configs/pipeline.yaml`` by default, or ``INTENTOPS_CONFIG``),
+3. environment variables ``INTENTOPS__<SECTION>__<FIELD>`` (e.g. ``INTENTOPS__DEDUP__THRESHOLD=0.85``),
+4. explicit overrides (DAG params, ``--set section.field=value`` on the command line).
+
+The resolved config is saved with every stage output (in its manifest), so any output
+says exactly which settings produced it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+PROJECT_ROOT = Path(__file__).resolve().parent.parent
+DEFAULT_CONFIG_FILE = PROJECT_ROOT / "configs" / "pipeline.yaml"
+ENV_PREFIX = "INTENTOPS__"
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class ColumnMap(_Section):
+    """Where each field the pipeline needs lives in the user's export."""
+
+    id: str | None = "ticket_id"  # a stable id makes quarantine and lineage traceable
+    text: str = "message"
+    label: str = "intent"
+    annotations: str | None = "annotations"  # JSON list of {"annotator", "label"}
+    created_at: str | None = "created_at"  # orders duplicates: the earliest one survives
+    channel: str | None = "channel"
+
+
+class InputConfig(_Section):
+    path: str = "var/demo/raw/raw.csv"
+    format: Literal["auto", "csv", "jsonl", "parquet"] = "auto"
+    columns: ColumnMap = Field(default_factory=ColumnMap)
+    # Line-by-line CSV parsing keeps a broken quote from swallowing the following rows
+    # (every physical line stays one record, so every row can be accounted for). Turn on
+    # only for exports that put raw newlines inside quoted fields.
+    csv_multiline: bool = False
+    encoding: str = "UTF-8"
+
+
+class CleanConfig(_Section):
+    labels_file: str = "data/banking77/categories.json"
+    min_chars: int = Field(2, ge=1)  # one character carries no intent
+    # Banking77's longest message is 433 characters; 1000 leaves room for real messages
+    # while catching pasted e-mail threads and log dumps.
+    max_chars: int = Field(1000, ge=10)
+
+
+class DedupConfig(_Section):
+    # 5-byte shingles: short chat messages (median 46 chars) still get ~40 shingles;
+    # k <= 8 lets each shingle be packed into one int64 with no hash collisions.
+    shingle_k: int = Field(5, ge=2, le=8)
+    # Jaccard at or above this merges two messages. 0.8 keeps one-word edits of normal
+    # messages while leaving distinct messages of the same intent apart.
+    threshold: float = Field(0.8, gt=0.0, le=1.0)
+    # 20 bands x 6 rows: P(candidate) = 1-(1-J^6)^20 is 0.998 at J=0.8 but 0.015 at J=0.3,
+    # so candidates stay near-linear in the input while recall at the threshold stays high.
+    num_bands: int = Field(20, ge=1)
+    rows_per_band: int = Field(6, ge=1)
+    # A bucket larger than this (a template message sent thousands of times) is paired in a
+    # star around its smallest id instead of all pairs, bounding work at O(n) per bucket.
+    max_bucket_pairs: int = Field(50, ge=2)
+    # Connected components of the verified edges run on the driver (scipy); fail loudly
+    # instead of exhausting driver memory on a pathological input.
+    max_driver_edges: int = Field(20_000_000, ge=1)
+    seed: int = 42
+
+
+class SparkConfig(_Section):
+    # Used when a job runs outside spark-submit (tests, `intentops clean`). Under Airflow the
+    # master comes from the spark_default connection.
+    master: str = "local[*]"
+    driver_memory: str = "4g"
+    # 2 cores: few, larger shuffle partitions beat Spark's default of 200 tiny ones.
+    shuffle_partitions: int = Field(8, ge=1)
+
+
+class PipelineConfig(_Section):
+    lake_root: str = "var/lake"
+    input: InputConfig = Field(default_factory=InputConfig)
+    clean: CleanConfig = Field(default_factory=CleanConfig)
+    dedup: DedupConfig = Field(default_factory=DedupConfig)
+    spark: SparkConfig = Field(default_factory=SparkConfig)
+
+    @field_validator("lake_root")
+    @classmethod
+    def _not_empty(cls, v: str) -> str:
+        if not v.strip():
+            raise ValueError("lake_root must not be empty")
+        return v
+
+    @model_validator(mode="after")
+    def _columns_distinct(self) -> PipelineConfig:
+        cols = [c for c in self.input.columns.model_dump().values() if c]
+        if len(cols) != len(set(cols)):
+            raise ValueError(f"input.columns maps two fields to one column: {cols}")
+        return self
+
+    def resolve_path(self, p: str) -> Path:
+        """Relative paths in the config are relative to the project root, so a run works
+        the same from any working directory (Airflow runs tasks from a temp dir)."""
+        path = Path(p)
+        return path if path.is_absolute() or "://" in p else PROJECT_ROOT / path
+
+    @property
+    def lake(self) -> Path:
+        return self.resolve_path(self.lake_root)
+
+
+def _deep_merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for k, v in over.items():
+        if isinstance(v, dict) and isinstance(out.get(k), dict):
+            out[k] = _deep_merge(out[k], v)
+        else:
+            out[k] = v
+    return out
+
+
+def _set_dotted(d: dict[str, Any], dotted: str, value: Any) -> None:
+    parts = dotted.lower().split(".")
+    for p in parts[:-1]:
+        d = d.setdefault(p, {})
+    d[parts[-1]] = value
+
+
+def _parse_scalar(raw: str) -> Any:
+    # YAML scalars: "0.85" -> float, "true" -> bool, "csv" -> str, '{"a": 1}' -> dict.
+    return yaml.safe_load(raw)
+
+
+def load_config(
+    path: str | os.PathLike[str] | None = None,
+    overrides: dict[str, Any] | None = None,
+    env: dict[str, str] | None = None,
+) -> PipelineConfig:
+    """Resolve the configuration. ``overrides`` maps dotted keys (``dedup.threshold``) or
+    nested dicts onto fields; unknown keys are an error, not silently ignored."""
+    env = dict(os.environ if env is None else env)
+    file = Path(path or env.get("INTENTOPS_CONFIG") or DEFAULT_CONFIG_FILE)
+    data: dict[str, Any] = {}
+    if file.exists():
+        loaded = yaml.safe_load(file.read_text()) or {}
+        if not isinstance(loaded, dict):
+            raise ValueError(f"{file}: expected a mapping at the top level")
+        data = loaded
+    elif path is not None:
+        raise FileNotFoundError(f"config file not found: {file}")
+    env_over: dict[str, Any] = {}
+    for key, raw in env.items():
+        if key.startswith(ENV_PREFIX):
+            _set_dotted(env_over, key[len(ENV_PREFIX) :].replace("__", "."), _parse_scalar(raw))
+    data = _deep_merge(data, env_over)
+    explicit: dict[str, Any] = {}
+    for key, value in (overrides or {}).items():
+        if isinstance(value, dict):
+            explicit = _deep_merge(explicit, {key: value})
+        else:
+            _set_dotted(explicit, key, value)
+    data = _deep_merge(data, explicit)
+    return PipelineConfig.model_validate(data)
+
+
+def config_from_json(text: str) -> PipelineConfig:
+    return PipelineConfig.model_validate(json.loads(text))

@@ -1,0 +1,107 @@
+"""Pipeline runs: the resolved config saved per run, and the per-stage run summary.
+
+A run's folder, ``<lake>/runs/<run_id>/``, holds ``config.json`` (the resolved config),
+one pointer per stage (``clean.json``, ``dedup.json``: which published output the run used)
+and ``summary.json`` / ``summary.txt``. ``<lake>/runs/LATEST`` names the newest run.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+from typing import Any
+
+from pipeline.config import PipelineConfig, config_from_json, load_config
+from pipeline.stage import StageError, StageResult, atomic_write_text, run_dir, run_pointer
+
+log = logging.getLogger(__name__)
+
+# Stages in pipeline order; later issues append to it.
+STAGES = ("clean", "dedup")
+
+
+def save_run_config(cfg: PipelineConfig, run_id: str) -> str:
+    path = run_dir(cfg.lake, run_id) / "config.json"
+    atomic_write_text(path, cfg.model_dump_json(indent=2))
+    return str(path)
+
+
+def resolve_run_config(run_id: str, overrides: dict[str, Any] | None = None) -> str:
+    cfg = load_config(overrides={k: v for k, v in (overrides or {}).items() if v is not None})
+    return save_run_config(cfg, run_id)
+
+
+def load_run_config(path: str | Path) -> PipelineConfig:
+    p = Path(path)
+    if not p.exists():
+        raise StageError(f"resolved config not found: {p}")
+    return config_from_json(p.read_text())
+
+
+def stage_row(result: StageResult) -> dict[str, Any]:
+    stats = result.manifest.get("stats", {})
+    return {
+        "stage": result.stage,
+        "rows_in": stats.get("rows_in"),
+        "kept": stats.get("kept"),
+        "quarantined": stats.get("quarantined", 0),
+        "quarantine_by_reason": stats.get("quarantine_by_reason", {}),
+        "merged": stats.get("merged_exact", 0) + stats.get("merged_near", 0),
+        "merged_exact": stats.get("merged_exact", 0),
+        "merged_near": stats.get("merged_near", 0),
+        "seconds": result.manifest.get("timings", {}).get("seconds"),
+        "cache_hit": result.cache_hit,
+        "output": result.path,
+    }
+
+
+def collect(lake: Path, run_id: str) -> list[dict[str, Any]]:
+    rows = []
+    for name in STAGES:
+        pointer = run_pointer(lake, run_id, name)
+        if pointer.exists():
+            rows.append(stage_row(StageResult.from_file(pointer)))
+    return rows
+
+
+def render(rows: list[dict[str, Any]], run_id: str) -> str:
+    head = f"{'stage':<8} {'rows in':>9} {'kept':>9} {'quarant.':>9} {'merged':>9} {'time s':>8}  cache"
+    lines = [f"intentops run {run_id}", head, "-" * len(head)]
+    for r in rows:
+        lines.append(
+            f"{r['stage']:<8} {r['rows_in']:>9,} {r['kept']:>9,} {r['quarantined']:>9,} "
+            f"{r['merged']:>9,} {r['seconds']:>8.1f}  {'hit' if r['cache_hit'] else 'miss'}"
+        )
+    for r in rows:
+        if r["quarantine_by_reason"]:
+            reasons = ", ".join(f"{k} {v:,}" for k, v in r["quarantine_by_reason"].items())
+            lines.append(f"{r['stage']} quarantined by reason: {reasons}")
+        if r["merged"]:
+            lines.append(
+                f"{r['stage']} merged: {r['merged_exact']:,} exact, {r['merged_near']:,} near-duplicates"
+            )
+    return "\n".join(lines)
+
+
+def write_summary(config_path: str | Path, run_id: str) -> str:
+    cfg = load_run_config(config_path)
+    rows = collect(cfg.lake, run_id)
+    if not rows:
+        raise StageError(f"run {run_id!r} has no stage outputs under {cfg.lake}")
+    text = render(rows, run_id)
+    log.info("\n%s", text)
+    folder = run_dir(cfg.lake, run_id)
+    atomic_write_text(
+        folder / "summary.json", json.dumps({"run_id": run_id, "stages": rows}, indent=2)
+    )
+    atomic_write_text(folder / "summary.txt", text + "\n")
+    atomic_write_text(cfg.lake / "runs" / "LATEST", folder.name + "\n")
+    return str(folder / "summary.json")
+
+
+def latest_summary(lake: Path) -> str:
+    latest = lake / "runs" / "LATEST"
+    if not latest.exists():
+        raise StageError(f"no finished run under {lake} yet")
+    return (lake / "runs" / latest.read_text().strip() / "summary.txt").read_text()
