@@ -167,10 +167,9 @@ def load_config(
     data = _deep_merge(data, env_over)
     explicit: dict[str, Any] = {}
     for key, value in (overrides or {}).items():
-        if isinstance(value, dict):
-            explicit = _deep_merge(explicit, {key: value})
-        else:
-            _set_dotted(explicit, key, value)
+        nested: dict[str, Any] = {}
+        _set_dotted(nested, key, value)
+        explicit = _deep_merge(explicit, nested)
     data = _deep_merge(data, explicit)
     return PipelineConfig.model_validate(data)
 

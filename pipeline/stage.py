@@ -55,7 +55,8 @@ def file_fingerprint(path: str | os.PathLike[str]) -> dict[str, Any]:
     digest = hashlib.sha256()
     size = 0
     for f in files:
-        digest.update(str(f.relative_to(root) if f != root else f.name).encode())
+        if f != root:  # inside a folder the layout matters; a lone file's name does not
+            digest.update(str(f.relative_to(root)).encode())
         with f.open("rb") as fh:
             while chunk := fh.read(_CHUNK):
                 digest.update(chunk)
