@@ -34,6 +34,7 @@ from pathlib import Path
 import pendulum
 from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
 from airflow.sdk import Param, dag, task
+from airflow.sdk.definitions.timetables.interval import CronDataIntervalTimetable
 
 PROJECT = Path(__file__).resolve().parent.parent
 JOBS = PROJECT / "jobs" / "spark"
@@ -66,7 +67,9 @@ def spark_stage(task_id: str) -> SparkSubmitOperator:
 @dag(
     dag_id="intentops_pipeline",
     doc_md=__doc__,
-    schedule="@daily",
+    # Daily, with a real data interval (the day before the run): each scheduled run owns
+    # one day of the export, which is what a backfill replays.
+    schedule=CronDataIntervalTimetable("@daily", timezone="UTC"),
     start_date=pendulum.datetime(2026, 11, 1, tz="UTC"),
     catchup=False,
     # Stages publish under content-addressed keys; one run at a time keeps two runs from

@@ -1,0 +1,157 @@
+"""The dedup job on small frames, checked against the pure-Python reference rules."""
+
+from __future__ import annotations
+
+import datetime as dt
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pytest
+
+from jobs.spark import dedup
+from pipeline import textnorm
+from pipeline.config import DedupConfig
+
+T0 = dt.datetime(2026, 11, 1, 10, 0, 0)
+KEY_CASES = [
+    "Where is my card?",
+    "WHERE is my   card!!",
+    "top-up failed, why?",
+    "I'm (still) waiting for my card...",
+    "Ça coûte 5 € ?",
+    "über-schnell",
+    "a",
+    "tabs\tinside",
+]
+
+
+@pytest.mark.parametrize("text", KEY_CASES)
+def test_spark_key_matches_reference(spark, text):
+    from pyspark.sql import functions as F
+
+    norm = textnorm.normalize_text(text)  # the clean stage's output is dedup's input
+    got = spark.createDataFrame([(norm,)], "t string").select(dedup.dedup_key_col(F.col("t"))).first()[0]
+    assert got == textnorm.dedup_key(text)
+
+
+def _arrow_keys(texts):
+    return pa.array([textnorm.dedup_key(t) for t in texts], pa.string())
+
+
+@pytest.mark.parametrize("k", [3, 5, 8])
+def test_minhash_shingles_match_reference(k):
+    texts = ["Where is my card?", "ab", "exactly5", "Ça coûte 5 €", "x" * 40]
+    fn = dedup.minhash_fn(DedupConfig(shingle_k=k))
+    batch = pa.RecordBatch.from_arrays([pa.array(range(len(texts)), pa.int64()), _arrow_keys(texts)],
+                                       names=["doc", "key"])
+    out = next(fn(iter([batch])))
+    for text, packed in zip(texts, out.column("shingles").to_pylist(), strict=True):
+        ref = {int.from_bytes(s, "big") for s in textnorm.shingles(text, k)}
+        assert {v & (2**64 - 1) for v in packed} == ref, text  # int64 view of uint64
+    bands = out.column("bands").to_pylist()
+    assert all(len(b) == 20 for b in bands)
+
+
+def test_minhash_is_deterministic_and_similar_texts_share_bands():
+    fn = dedup.minhash_fn(DedupConfig())
+    texts = [
+        "I ordered a new card last week and it still has not arrived, what should I do?",
+        "I ordered a new card last week and it still has not arrived, what can I do?",
+        "How do I change the PIN of my card in the app?",
+    ]
+    batch = pa.RecordBatch.from_arrays([pa.array([0, 1, 2], pa.int64()), _arrow_keys(texts)],
+                                       names=["doc", "key"])
+    b1 = next(fn(iter([batch]))).column("bands").to_pylist()
+    b2 = next(dedup.minhash_fn(DedupConfig())(iter([batch]))).column("bands").to_pylist()
+    assert b1 == b2
+    assert set(b1[0]) & set(b1[1])  # J ~ 0.85: shares a band with overwhelming probability
+    assert not set(b1[0]) & set(b1[2])
+
+
+def test_components():
+    comp = dedup.components([(5, 7), (7, 9), (1, 2)])
+    assert comp == {5: 5, 7: 5, 9: 5, 1: 1, 2: 1}
+    assert dedup.components([]) == {}
+
+
+def _kept(rows):
+    return pd.DataFrame(
+        [
+            {"record_id": rid, "text": text, "label": label, "annotations": [],
+             "created_at": T0 + dt.timedelta(minutes=minute), "channel": "chat", "source_file": "f"}
+            for rid, text, label, minute in rows
+        ]
+    )
+
+
+LONG = "I ordered a new card last week and it still has not arrived, what should I do about it?"
+ROWS = [
+    ("a1", LONG, "card_arrival", 5),
+    ("a2", LONG.upper(), "card_arrival", 1),  # earliest: the survivor
+    ("a3", LONG.replace("should", "can"), "card_delivery_estimate", 9),  # near, other label
+    ("a4", LONG + " Thanks.", "card_arrival", 3),  # near
+    ("b1", "How do I change my PIN?", "change_pin", 2),
+    ("b2", "how do i change my pin", "change_pin", 4),  # exact after normalization
+    ("c1", "What is the exchange rate today?", "exchange_rate", 0),  # unique
+    ("d1", "Can I get a refund for this?", "request_refund", 0),
+]
+
+
+@pytest.fixture
+def result(spark):
+    schema = ("record_id string, text string, label string, "
+              "annotations array<struct<annotator:string,label:string>>, created_at timestamp, "
+              "channel string, source_file string")
+    kept = spark.createDataFrame(_kept(ROWS), schema)
+    res = dedup.dedup_frames(spark, kept, DedupConfig())
+    out = {name: res[name].toPandas() for name in ("kept", "merged", "clusters")}
+    for df in res["_persisted"]:
+        df.unpersist()
+    return out
+
+
+def test_survivors_and_merges(result):
+    kept = result["kept"].set_index("record_id")
+    assert sorted(kept.index) == ["a2", "b1", "c1", "d1"]
+    merged = result["merged"].set_index("record_id")
+    assert merged.loc["a1", "survivor_id"] == "a2" and merged.loc["a1", "match_type"] == "exact"
+    assert merged.loc["a3", "match_type"] == "near" and merged.loc["a4", "match_type"] == "near"
+    assert merged.loc["b2", "survivor_id"] == "b1" and merged.loc["b2", "match_type"] == "exact"
+    assert len(kept) + len(merged) == len(ROWS)
+
+
+def test_label_conflicts_are_flagged_not_resolved(result):
+    kept = result["kept"].set_index("record_id")
+    assert bool(kept.loc["a2", "label_conflict"]) is True
+    assert list(kept.loc["a2", "cluster_labels"]) == ["card_arrival", "card_delivery_estimate"]
+    assert kept.loc["a2", "label"] == "card_arrival"  # survivor keeps its own label
+    assert bool(kept.loc["b1", "label_conflict"]) is False
+    assert kept.loc["c1", "cluster_size"] == 1
+    clusters = result["clusters"].set_index("survivor_id")
+    assert clusters.loc["a2", "cluster_size"] == 4
+    assert (clusters.loc["a2", "n_exact"], clusters.loc["a2", "n_near"]) == (1, 2)
+
+
+def test_large_bucket_is_a_star_not_all_pairs(spark):
+    from pyspark.sql import functions as F
+
+    n = 120
+    mh = spark.createDataFrame([(i, [], [7, i + 1000]) for i in range(n)],
+                               "doc long, shingles array<long>, bands array<long>")
+    pairs = dedup.candidate_pairs(mh, max_bucket_pairs=50)
+    assert pairs.count() == n - 1
+    assert pairs.where(F.col("a") != 0).count() == 0
+
+
+def test_verified_jaccard_matches_reference(spark):
+    texts = [LONG, LONG.replace("should", "can"), "How do I change my PIN?"]
+    fn = dedup.minhash_fn(DedupConfig())
+    batch = pa.RecordBatch.from_arrays([pa.array([0, 1, 2], pa.int64()), _arrow_keys(texts)],
+                                       names=["doc", "key"])
+    out = next(fn(iter([batch]))).to_pandas()
+    mh = spark.createDataFrame(out, "doc long, shingles array<long>, bands array<long>")
+    pairs = spark.createDataFrame([(0, 1), (0, 2)], "a long, b long")
+    got = {(r.a, r.b): r.jaccard for r in dedup.verified_edges(pairs, mh, 0.0).collect()}
+    assert np.isclose(got[(0, 1)], textnorm.jaccard(texts[0], texts[1]))
+    assert np.isclose(got[(0, 2)], textnorm.jaccard(texts[0], texts[2]))
