@@ -5,6 +5,7 @@
     intentops dedup --run-id manual-1
     intentops run --set input.path=exports/tickets.jsonl     # all data stages, no Airflow
     intentops summary [--run-id RUN]                          # per-stage summary
+    intentops evaluate --run-id RUN --ground-truth DIR        # score against ground truth
 
 Stages run in-process on a local Spark session (``spark.master``); the DAG runs the same
 code through spark-submit. Every stage command takes ``--config FILE`` and repeatable
@@ -43,6 +44,10 @@ def main(argv: list[str] | None = None) -> int:
     _stage_parser(sub, "clean", "clean stage")
     _stage_parser(sub, "dedup", "dedup stage (needs the run's clean output)")
     _stage_parser(sub, "run", "every data stage in order, without Airflow")
+    e = sub.add_parser("evaluate", help="score a run's data stages against builder ground truth")
+    e.add_argument("--run-id", required=True)
+    e.add_argument("--ground-truth", required=True, help="the builder's ground_truth/ folder")
+    e.add_argument("--config", help="YAML config file")
     s = sub.add_parser("summary", help="print a run's per-stage summary")
     s.add_argument("--run-id", help="default: the latest finished run")
     s.add_argument("--config", help="YAML config file")
@@ -75,6 +80,19 @@ def _dispatch(args: argparse.Namespace) -> int:
             print(runs.render(runs.collect(cfg.lake, args.run_id), args.run_id))
         else:
             print(runs.latest_summary(cfg.lake), end="")
+        return 0
+
+    if args.cmd == "evaluate":
+        import json
+
+        from pipeline.config import load_config
+        from pipeline.evaluate import evaluate
+        from pipeline.stage import upstream
+
+        cfg = load_config(args.config)
+        c, d = (upstream(cfg.lake, args.run_id, s) for s in ("clean", "dedup"))
+        threshold = d.manifest["config"]["dedup"]["threshold"]
+        print(json.dumps(evaluate(args.ground_truth, c.path, d.path, threshold), indent=2))
         return 0
 
     from jobs.spark import clean, common, dedup

@@ -1,0 +1,110 @@
+"""Benchmark: the raw-data builder at 1,000,000 rows, then clean and dedup on it.
+
+Each step runs as its own process, the stages through ``spark-submit`` exactly as the DAG
+runs them (local[*]). Reported per step: wall time, rows/s, and peak resident memory of
+the whole process tree (JVM and Python workers), sampled every 0.2 s. Then the stages are
+scored against the builder's ground truth.
+
+    .venv/bin/python benchmarks/data_stages.py [--rows 1000000] [--out var/bench]
+
+Results go to ``benchmarks/results/data_stages.json``; docs/BENCHMARKS.md quotes them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+
+def run_measured(cmd: list[str], env: dict[str, str]) -> dict[str, float]:
+    start = time.perf_counter()
+    proc = subprocess.Popen(cmd, env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True)
+    parent = psutil.Process(proc.pid)
+    peak = 0
+    output: list[str] = []
+    while proc.poll() is None:
+        try:
+            procs = [parent, *parent.children(recursive=True)]
+            peak = max(peak, sum(p.memory_info().rss for p in procs if p.is_running()))
+        except psutil.Error:
+            pass
+        time.sleep(0.2)
+    output.append(proc.stdout.read())
+    if proc.returncode != 0:
+        sys.stderr.write("".join(output)[-5000:])
+        raise SystemExit(f"{cmd[:3]} failed with {proc.returncode}")
+    return {"wall_s": round(time.perf_counter() - start, 2), "peak_rss_mb": round(peak / 2**20, 1),
+            "stdout": "".join(output)}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--rows", type=int, default=1_000_000)
+    ap.add_argument("--seed", type=int, default=11)
+    ap.add_argument("--out", default="var/bench")
+    ap.add_argument("--driver-memory", default="6g")
+    args = ap.parse_args()
+
+    out = (ROOT / args.out).resolve()
+    raw_dir = out / f"raw-{args.rows}"
+    lake = out / "lake"
+    bin_dir = Path(sys.executable).parent
+    env = dict(os.environ, PATH=f"{bin_dir}{os.pathsep}{os.environ['PATH']}",
+               PYSPARK_PYTHON=sys.executable, SPARK_LOCAL_IP="127.0.0.1",
+               INTENTOPS__LAKE_ROOT=str(lake))
+    run_id = f"bench-{args.rows}-{int(time.time())}"
+    results: dict[str, object] = {
+        "rows": args.rows,
+        "machine": {"cpus": os.cpu_count(), "mem_gb": round(psutil.virtual_memory().total / 2**30, 1),
+                    "python": platform.python_version(), "platform": platform.platform()},
+    }
+
+    build = run_measured([sys.executable, "-m", "pipeline.rawdata", "--out", str(raw_dir), "--rows",
+                          str(args.rows), "--seed", str(args.seed), "--format", "csv"], env)
+    build.pop("stdout")
+    results["build"] = build | {"rows_per_s": round(args.rows / build["wall_s"])}
+
+    sets = ["--set", f"input.path={raw_dir / 'raw.csv'}", "--set", f"lake_root={lake}"]
+    for name in ("clean", "dedup"):
+        cmd = ["spark-submit", "--master", "local[*]", "--driver-memory", args.driver_memory,
+               str(ROOT / "jobs" / "spark" / f"{name}.py"), *sets, "--run-id", run_id]
+        res = run_measured(cmd, env)
+        res.pop("stdout")
+        pointer = json.loads((lake / "runs" / run_id / f"{name}.json").read_text())
+        stats = pointer["manifest"]["stats"]
+        stage_s = pointer["manifest"]["timings"]["seconds"]
+        results[name] = res | {
+            "stage_s": stage_s,
+            "cache_hit": pointer["cache_hit"],
+            "rows_in": stats["rows_in"],
+            "rows_per_s": round(stats["rows_in"] / res["wall_s"]),
+            "stats": stats,
+        }
+
+    from pipeline.evaluate import evaluate
+
+    c = json.loads((lake / "runs" / run_id / "clean.json").read_text())
+    d = json.loads((lake / "runs" / run_id / "dedup.json").read_text())
+    results["quality"] = evaluate(raw_dir / "ground_truth", c["path"], d["path"],
+                                  d["manifest"]["config"]["dedup"]["threshold"])
+    results["clean_plus_dedup_wall_s"] = round(results["clean"]["wall_s"] + results["dedup"]["wall_s"], 2)
+    dest = ROOT / "benchmarks" / "results" / "data_stages.json"
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    dest.write_text(json.dumps(results, indent=2, default=str))
+    print(json.dumps(results, indent=2, default=str))
+
+
+if __name__ == "__main__":
+    main()

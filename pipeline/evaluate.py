@@ -1,0 +1,85 @@
+"""Score the data stages against the raw-data builder's ground truth.
+
+* clean: defective rows that survived (the target is zero) and clean rows wrongly
+  quarantined, by defect and by reason;
+* dedup: per planted copy, whether it ended in the same cluster as its original
+  (recall, by duplicate kind), and per merged row, whether its survivor really is a copy
+  of the same original (precision, for exact and near merges separately).
+
+    intentops evaluate --run-id RUN --ground-truth var/demo/raw/ground_truth
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+EXACT_KINDS = ("exact", "case", "punct", "whitespace")
+NEAR_KINDS = ("word_swap", "clause_added")
+
+
+def _ratio(num: int, den: int) -> float | None:
+    return round(num / den, 6) if den else None
+
+
+def evaluate(ground_truth: str | Path, clean_dir: str | Path, dedup_dir: str | Path,
+             threshold: float) -> dict[str, Any]:
+    gt = pd.read_parquet(Path(ground_truth) / "rows.parquet",
+                         columns=["ticket_id", "origin_id", "dup_kind", "dup_jaccard", "defect"])
+    gt = gt.set_index("ticket_id")
+    clean_kept = pd.read_parquet(Path(clean_dir) / "kept", columns=["record_id"]).record_id
+    quarantine = pd.read_parquet(Path(clean_dir) / "quarantine", columns=["record_id", "reason"])
+
+    defective = gt[gt.defect.notna()]
+    survived = defective.index.intersection(clean_kept)
+    clean_rows = gt[gt.defect.isna()]
+    wrongly = quarantine[quarantine.record_id.isin(clean_rows.index)]
+    out: dict[str, Any] = {
+        "clean": {
+            "defective_rows": int(len(defective)),
+            "defective_survived": int(len(survived)),
+            "defective_survived_by_defect": defective.loc[survived].defect.value_counts().to_dict(),
+            "clean_rows_quarantined": int(len(wrongly)),
+            "clean_rows_quarantined_by_reason": wrongly.reason.value_counts().to_dict(),
+        }
+    }
+
+    kept = pd.read_parquet(Path(dedup_dir) / "kept", columns=["record_id"]).record_id
+    merged = pd.read_parquet(Path(dedup_dir) / "merged",
+                             columns=["record_id", "survivor_id", "match_type"])
+    cluster = pd.concat([pd.Series(kept.values, index=kept.values),
+                         pd.Series(merged.survivor_id.values, index=merged.record_id.values)])
+    present = gt[gt.index.isin(cluster.index)]
+    copies = present[present.dup_kind.isin(EXACT_KINDS + NEAR_KINDS)]
+    # A copy whose original did not reach dedup cannot be scored against it.
+    copies = copies[copies.origin_id.isin(cluster.index)]
+    same = cluster.loc[copies.index].values == cluster.loc[copies.origin_id].values
+    copies = copies.assign(recalled=same)
+
+    def recall(mask: pd.Series) -> dict[str, Any]:
+        sub = copies[mask]
+        return {"planted": int(len(sub)), "found": int(sub.recalled.sum()),
+                "recall": _ratio(int(sub.recalled.sum()), len(sub))}
+
+    origin = gt.origin_id
+    m = merged[merged.record_id.isin(gt.index) & merged.survivor_id.isin(gt.index)]
+    m = m.assign(correct=origin.loc[m.record_id].values == origin.loc[m.survivor_id].values)
+
+    def precision(kind: str) -> dict[str, Any]:
+        sub = m[m.match_type == kind]
+        return {"merged": int(len(sub)), "correct": int(sub.correct.sum()),
+                "precision": _ratio(int(sub.correct.sum()), len(sub))}
+
+    near_mask = copies.dup_kind.isin(NEAR_KINDS)
+    out["dedup"] = {
+        "threshold": threshold,
+        "exact_recall": recall(copies.dup_kind.isin(EXACT_KINDS)),
+        "near_recall": recall(near_mask & (copies.dup_jaccard >= threshold)),
+        "near_recall_all_planted": recall(near_mask),
+        "recall_by_kind": {k: recall(copies.dup_kind == k) for k in EXACT_KINDS + NEAR_KINDS},
+        "exact_precision": precision("exact"),
+        "near_precision": precision("near"),
+    }
+    return out
