@@ -10,7 +10,6 @@ import textwrap
 from datetime import timedelta
 
 import pytest
-
 from conftest import ROOT
 
 DAG_FILE = ROOT / "dags" / "intentops_pipeline.py"
