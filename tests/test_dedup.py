@@ -50,7 +50,7 @@ def test_minhash_shingles_match_reference(k):
         ref = {int.from_bytes(s, "big") for s in textnorm.shingles(text, k)}
         assert {v & (2**64 - 1) for v in packed} == ref, text  # int64 view of uint64
     bands = out.column("bands").to_pylist()
-    assert all(len(b) == 20 for b in bands)
+    assert all(len(b) == DedupConfig().num_bands for b in bands)
 
 
 def test_minhash_is_deterministic_and_similar_texts_share_bands():
@@ -139,7 +139,7 @@ def test_large_bucket_is_a_star_not_all_pairs(spark):
     n = 120
     mh = spark.createDataFrame([(i, [], [7, i + 1000]) for i in range(n)],
                                "doc long, shingles array<long>, bands array<long>")
-    pairs = dedup.candidate_pairs(mh, max_bucket_pairs=50)
+    pairs = dedup.candidate_pairs(mh, max_bucket_pairs=50, min_band_hits=1)
     assert pairs.count() == n - 1
     assert pairs.where(F.col("a") != 0).count() == 0
 
@@ -155,3 +155,49 @@ def test_verified_jaccard_matches_reference(spark):
     got = {(r.a, r.b): r.jaccard for r in dedup.verified_edges(pairs, mh, 0.0).collect()}
     assert np.isclose(got[(0, 1)], textnorm.jaccard(texts[0], texts[1]))
     assert np.isclose(got[(0, 2)], textnorm.jaccard(texts[0], texts[2]))
+
+
+def test_pairs_need_min_band_hits(spark):
+    # docs 0,1 share one bucket; 2,3 share two; 4,5 share three.
+    rows = [(0, [], [1, 10, 20]), (1, [], [1, 11, 21]), (2, [], [2, 3, 22]),
+            (3, [], [2, 3, 23]), (4, [], [4, 5, 6]), (5, [], [4, 5, 6])]
+    mh = spark.createDataFrame(rows, "doc long, shingles array<long>, bands array<long>")
+    got = lambda hits: sorted(tuple(r) for r in dedup.candidate_pairs(mh, 50, hits).collect())  # noqa: E731
+    assert got(1) == [(0, 1), (2, 3), (4, 5)]
+    assert got(2) == [(2, 3), (4, 5)]
+    assert got(3) == [(4, 5)]
+
+
+def test_signatures_match_direct_minhash_across_slabs():
+    """The slab-wise hashing equals the textbook min over all shingles, also for a
+    document longer than one slab and for batches spanning many slabs."""
+    cfg = DedupConfig()
+    texts = [f"message number {i} about my card" for i in range(300)] + ["y" * (dedup.CHUNK * 3)]
+    fn = dedup.minhash_fn(cfg)
+    batch = pa.RecordBatch.from_arrays([pa.array(range(len(texts)), pa.int64()), _arrow_keys(texts)],
+                                       names=["doc", "key"])
+    out = next(fn(iter([batch])))
+    rng = np.random.default_rng(cfg.seed)
+    n_perm = cfg.num_bands * cfg.rows_per_band
+    mul = rng.integers(1, 2**63, size=n_perm, dtype=np.uint64) | np.uint64(1)
+    add = rng.integers(0, 2**63, size=n_perm, dtype=np.uint64)
+    band_mul = rng.integers(1, 2**63, size=cfg.rows_per_band, dtype=np.uint64) | np.uint64(1)
+    band_salt = rng.integers(0, 2**63, size=cfg.num_bands, dtype=np.uint64)
+    for idx in (0, 157, 299, 300):
+        sh = np.array(out.column("shingles")[idx].as_py(), dtype=np.int64).view(np.uint64)
+        sig = ((sh[:, None] * mul[None, :] + add[None, :]) >> np.uint64(32)).min(axis=0)
+        bands = (sig.reshape(cfg.num_bands, cfg.rows_per_band) * band_mul).sum(axis=1, dtype=np.uint64)
+        bands ^= band_salt
+        assert out.column("bands")[idx].as_py() == bands.view(np.int64).tolist()
+
+
+def test_verified_jaccard_with_repeated_shingles(spark):
+    texts = ["ha ha ha ha ha ha ha ha", "ha ha ha ha ha ha ha ha ha ha ha ho"]
+    fn = dedup.minhash_fn(DedupConfig())
+    batch = pa.RecordBatch.from_arrays([pa.array([0, 1], pa.int64()), _arrow_keys(texts)],
+                                       names=["doc", "key"])
+    out = next(fn(iter([batch]))).to_pandas()
+    mh = spark.createDataFrame(out, "doc long, shingles array<long>, bands array<long>")
+    pairs = spark.createDataFrame([(0, 1)], "a long, b long")
+    (row,) = dedup.verified_edges(pairs, mh, 0.0).collect()
+    assert np.isclose(row.jaccard, textnorm.jaccard(*texts))

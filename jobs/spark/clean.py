@@ -215,7 +215,9 @@ def load_labels(cfg: PipelineConfig) -> list[str]:
         raise stage.StageError(f"{path}: cannot read the label set: {exc}") from exc
     if not isinstance(labels, list) or not labels or not all(isinstance(x, str) for x in labels):
         raise stage.StageError(f"{path}: the label set must be a non-empty JSON list of strings")
-    return labels
+    # The label set is canonicalized like the labels themselves: Banking77 itself spells one
+    # class "Refund_not_showing_up", which would otherwise never match its own messages.
+    return sorted({textnorm.normalize_label(x) for x in labels} - {None})
 
 
 def run(cfg: PipelineConfig, run_id: str | None = None, spark: SparkSession | None = None):
