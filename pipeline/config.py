@@ -67,10 +67,12 @@ class DedupConfig(_Section):
     # Jaccard at or above this merges two messages. 0.8 keeps one-word edits of normal
     # messages while leaving distinct messages of the same intent apart.
     threshold: float = Field(0.8, gt=0.0, le=1.0)
-    # 20 bands x 6 rows: P(candidate) = 1-(1-J^6)^20 is 0.998 at J=0.8 but 0.015 at J=0.3,
-    # so candidates stay near-linear in the input while recall at the threshold stays high.
-    num_bands: int = Field(20, ge=1)
+    # 30 bands x 6 rows, a pair is a candidate when it collides in at least 2 bands:
+    # P(candidate) is 0.9987 at J=0.8, 0.08 at J=0.5 and 0.0002 at J=0.3, so candidates
+    # stay near-linear in the input while recall at the threshold stays high.
+    num_bands: int = Field(30, ge=1)
     rows_per_band: int = Field(6, ge=1)
+    min_band_hits: int = Field(2, ge=1)
     # A bucket larger than this (a template message sent thousands of times) is paired in a
     # star around its smallest id instead of all pairs, bounding work at O(n) per bucket.
     max_bucket_pairs: int = Field(50, ge=2)
@@ -78,6 +80,35 @@ class DedupConfig(_Section):
     # instead of exhausting driver memory on a pathological input.
     max_driver_edges: int = Field(20_000_000, ge=1)
     seed: int = 42
+
+    @model_validator(mode="after")
+    def _hits_fit_bands(self) -> DedupConfig:
+        if self.min_band_hits > self.num_bands:
+            raise ValueError(
+                f"dedup.min_band_hits={self.min_band_hits} exceeds dedup.num_bands={self.num_bands}"
+            )
+        return self
+
+
+class DesensitizeConfig(_Section):
+    # placeholder: "<EMAIL>", "<CARD>" ... (nothing recoverable, nothing linkable);
+    # pseudonym: "<EMAIL_3f9a1c2b7d>", a keyed HMAC of the value, so the same customer's
+    # email maps to the same token in every row and run (joins and counts still work)
+    # while different keys give unrelated tokens.
+    mode: Literal["placeholder", "pseudonym"] = "placeholder"
+    # The pseudonymization key is never read from config files or the repo: only from this
+    # environment variable, which the DAG fills from the Airflow connection
+    # `intentops_pseudonym` (its password) when that connection exists.
+    key_env: str = "INTENTOPS_PSEUDONYM_KEY"
+    # Masked example texts per entity type kept in the stage report.
+    samples_per_type: int = Field(3, ge=0, le=50)
+
+
+class ValidationConfig(_Section):
+    # Gate thresholds on the desensitized training candidates (DAG params override them).
+    max_duplicate_rate: float = Field(0.01, ge=0.0, le=1.0)
+    max_residual_pii_rate: float = Field(0.0, ge=0.0, le=1.0)
+    min_rows: int = Field(1, ge=0)
 
 
 class SparkConfig(_Section):
@@ -94,6 +125,8 @@ class PipelineConfig(_Section):
     input: InputConfig = Field(default_factory=InputConfig)
     clean: CleanConfig = Field(default_factory=CleanConfig)
     dedup: DedupConfig = Field(default_factory=DedupConfig)
+    desensitize: DesensitizeConfig = Field(default_factory=DesensitizeConfig)
+    validation: ValidationConfig = Field(default_factory=ValidationConfig)
     spark: SparkConfig = Field(default_factory=SparkConfig)
 
     @field_validator("lake_root")
