@@ -3,9 +3,12 @@
     intentops build-raw --out var/demo/raw --rows 20000      # synthetic raw export
     intentops clean --set input.path=var/demo/raw/raw.csv --run-id manual-1
     intentops dedup --run-id manual-1
+    intentops desensitize --run-id manual-1                   # PII masking
+    intentops validate --run-id manual-1                      # Great Expectations gate
     intentops run --set input.path=exports/tickets.jsonl     # all data stages, no Airflow
     intentops summary [--run-id RUN]                          # per-stage summary
     intentops evaluate --run-id RUN --ground-truth DIR        # score against ground truth
+    intentops leak-scan --ground-truth DIR var/lake/desensitize ...   # find planted PII
 
 Stages run in-process on a local Spark session (``spark.master``); the DAG runs the same
 code through spark-submit. Every stage command takes ``--config FILE`` and repeatable
@@ -43,11 +46,16 @@ def main(argv: list[str] | None = None) -> int:
     sub.add_parser("build-raw", help="build the synthetic raw export (see --help)", add_help=False)
     _stage_parser(sub, "clean", "clean stage")
     _stage_parser(sub, "dedup", "dedup stage (needs the run's clean output)")
+    _stage_parser(sub, "desensitize", "PII masking (needs the run's dedup output)")
+    _stage_parser(sub, "validate", "data-validation gate (needs the run's desensitize output)")
     _stage_parser(sub, "run", "every data stage in order, without Airflow")
     e = sub.add_parser("evaluate", help="score a run's data stages against builder ground truth")
     e.add_argument("--run-id", required=True)
     e.add_argument("--ground-truth", required=True, help="the builder's ground_truth/ folder")
     e.add_argument("--config", help="YAML config file")
+    ls = sub.add_parser("leak-scan", help="search folders for planted personal data")
+    ls.add_argument("--ground-truth", required=True, help="the builder's ground_truth/ folder")
+    ls.add_argument("paths", nargs="+", help="folders or files to scan")
     s = sub.add_parser("summary", help="print a run's per-stage summary")
     s.add_argument("--run-id", help="default: the latest finished run")
     s.add_argument("--config", help="YAML config file")
@@ -67,6 +75,11 @@ def main(argv: list[str] | None = None) -> int:
     except StageError as exc:
         print(f"ERROR: {exc}", file=sys.stderr)
         return 2
+    except Exception as exc:
+        if type(exc).__name__ != "GateFailed":
+            raise
+        print(f"GATE FAILED: {exc}", file=sys.stderr)
+        return 3
 
 
 def _dispatch(args: argparse.Namespace) -> int:
@@ -82,6 +95,15 @@ def _dispatch(args: argparse.Namespace) -> int:
             print(runs.latest_summary(cfg.lake), end="")
         return 0
 
+    if args.cmd == "leak-scan":
+        import json
+
+        from pipeline import leakscan
+
+        hits = leakscan.scan(args.paths, leakscan.load_needles(args.ground_truth))
+        print(json.dumps({"hits": hits, "count": len(hits)}, indent=2))
+        return 1 if hits else 0
+
     if args.cmd == "evaluate":
         import json
 
@@ -95,7 +117,8 @@ def _dispatch(args: argparse.Namespace) -> int:
         print(json.dumps(evaluate(args.ground_truth, c.path, d.path, threshold), indent=2))
         return 0
 
-    from jobs.spark import clean, common, dedup
+    from jobs.spark import clean, common, dedup, desensitize
+    from pipeline import gate
 
     cfg = common.config_from_args(args)
     run_id = args.run_id or time.strftime("manual-%Y%m%dT%H%M%S")
@@ -103,6 +126,12 @@ def _dispatch(args: argparse.Namespace) -> int:
         print(clean.run(cfg, run_id=run_id).to_json())
     if args.cmd in ("dedup", "run"):
         print(dedup.run(cfg, run_id=run_id).to_json())
+    if args.cmd in ("desensitize", "run"):
+        print(desensitize.run(cfg, run_id=run_id).to_json())
+    if args.cmd in ("validate", "run"):
+        result = gate.run(cfg, run_id=run_id)
+        print(result.to_json())
+        gate.check(result)
     if args.cmd == "run":
         runs.write_summary(runs.save_run_config(cfg, run_id), run_id)
         print(runs.latest_summary(cfg.lake), end="")
