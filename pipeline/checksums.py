@@ -76,18 +76,18 @@ def luhn_check_digit(partial: str) -> str:
     return str((10 - _luhn_sum(partial + "0") % 10) % 10)
 
 
-# Groups of 4 separated by one space or one dash (the way cards are printed and typed);
+# Groups of 4 separated by one space, dash or dot (the way cards are printed and typed);
 # the last group may be shorter (13-19 digit numbers). Amex-style 4-6-5 is also common.
-_CARD_RE = re.compile(r"[0-9]{13,19}|[0-9]{4}([ -])[0-9]{4}(?:\1[0-9]{4}){0,2}(?:\1[0-9]{1,4})?")
-_AMEX_RE = re.compile(r"[0-9]{4}([ -])[0-9]{6}\1[0-9]{5}")
+_CARD_RE = re.compile(r"[0-9]{13,19}|[0-9]{4}([ .-])[0-9]{4}(?:\1[0-9]{4}){0,2}(?:\1[0-9]{1,4})?")
+_AMEX_RE = re.compile(r"[0-9]{4}([ .-])[0-9]{6}\1[0-9]{5}")
 
 
 def card_number_valid(s: str) -> bool:
     """True for a payment card number: 13-19 ASCII digits passing Luhn, either plain or
-    grouped in 4s (or Amex 4-6-5) with one consistent separator (space or dash)."""
+    grouped in 4s (or Amex 4-6-5) with one consistent separator (space, dash or dot)."""
     if not isinstance(s, str) or not (_CARD_RE.fullmatch(s) or _AMEX_RE.fullmatch(s)):
         return False
-    digits = s.replace(" ", "").replace("-", "")
+    digits = s.replace(" ", "").replace("-", "").replace(".", "")
     return 13 <= len(digits) <= 19 and luhn_valid(digits)
 
 
