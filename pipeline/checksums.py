@@ -108,7 +108,9 @@ _CARD_BRANDS: tuple[tuple[str, tuple[int, ...]], ...] = (
 )
 
 
-def make_card_number(rng: random.Random, prefix: str | None = None, length: int | None = None) -> str:
+def make_card_number(
+    rng: random.Random, prefix: str | None = None, length: int | None = None
+) -> str:
     """A random Luhn-valid card number (digits only). Without ``prefix``/``length`` a
     brand prefix and one of its lengths are drawn."""
     if prefix is None:
@@ -260,8 +262,42 @@ _PRC_RE = re.compile(r"[0-9]{17}[0-9Xx]")
 # First two digits: province-level division codes of GB/T 2260 (incl. 71 Taiwan, 81 Hong
 # Kong, 82 Macau, used on residence permits). Anything else is not a PRC ID.
 _PRC_PROVINCES = frozenset(
-    "11 12 13 14 15 21 22 23 31 32 33 34 35 36 37 41 42 43 44 45 46 50 51 52 53 54 "
-    "61 62 63 64 65 71 81 82".split()
+    [
+        "11",
+        "12",
+        "13",
+        "14",
+        "15",
+        "21",
+        "22",
+        "23",
+        "31",
+        "32",
+        "33",
+        "34",
+        "35",
+        "36",
+        "37",
+        "41",
+        "42",
+        "43",
+        "44",
+        "45",
+        "46",
+        "50",
+        "51",
+        "52",
+        "53",
+        "54",
+        "61",
+        "62",
+        "63",
+        "64",
+        "65",
+        "71",
+        "81",
+        "82",
+    ]
 )
 # Real county-level codes to generate from (Beijing Dongcheng, Shanghai Xuhui, Shenzhen
 # Nanshan, Chengdu Jinjiang, Hangzhou Xihu, Nanjing Xuanwu, Wuhan Wuchang, Tianjin Heping,

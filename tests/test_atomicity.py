@@ -11,8 +11,8 @@ import time
 from pathlib import Path
 
 import pandas as pd
-
 from conftest import ROOT
+
 from pipeline import stage
 
 

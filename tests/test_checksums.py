@@ -10,19 +10,22 @@ import pytest
 from pipeline import checksums as ck
 
 
-@pytest.mark.parametrize(("s", "ok"), [
-    ("4111111111111111", True),          # the classic Visa test number
-    ("4111 1111 1111 1111", True),
-    ("4111-1111-1111-1111", True),
-    ("4111.1111.1111.1111", True),
-    ("3782 822463 10005", True),         # Amex test number, 4-6-5
-    ("378282246310005", True),
-    ("4111111111111112", False),         # Luhn fails
-    ("4111 1111-1111 1111", False),      # mixed separators
-    ("411111111111", False),             # 12 digits
-    ("４１１１１１１１１１１１１１１１", False),  # full-width digits are not ASCII
-    ("41111111111111111111", False),     # 20 digits
-])
+@pytest.mark.parametrize(
+    ("s", "ok"),
+    [
+        ("4111111111111111", True),  # the classic Visa test number
+        ("4111 1111 1111 1111", True),
+        ("4111-1111-1111-1111", True),
+        ("4111.1111.1111.1111", True),
+        ("3782 822463 10005", True),  # Amex test number, 4-6-5
+        ("378282246310005", True),
+        ("4111111111111112", False),  # Luhn fails
+        ("4111 1111-1111 1111", False),  # mixed separators
+        ("411111111111", False),  # 12 digits
+        ("４１１１１１１１１１１１１１１１", False),  # full-width digits are not ASCII
+        ("41111111111111111111", False),  # 20 digits
+    ],
+)
 def test_card_number_valid(s: str, ok: bool) -> None:
     assert ck.card_number_valid(s) is ok
 
@@ -35,38 +38,53 @@ def test_luhn_check_digit_round_trip() -> None:
         ck.luhn_check_digit("12a")
 
 
-@pytest.mark.parametrize(("s", "ok"), [
-    ("GB82 WEST 1234 5698 7654 32", True),   # ECBS examples
-    ("GB82WEST12345698765432", True),
-    ("gb82west12345698765432", True),
-    ("DE89 3704 0044 0532 0130 00", True),
-    ("FR14 2004 1010 0505 0001 3M02 606", True),
-    ("GB83 WEST 1234 5698 7654 32", False),  # check digits off by one
-    ("GB82 WEST 1234 5698 7654 3", False),   # too short for GB
-    ("XX82 WEST 1234 5698 7654 32", False),  # unknown country
-    ("DE89 3704 0044 0532 0130 0A", False),  # DE BBAN is numeric
-])
+@pytest.mark.parametrize(
+    ("s", "ok"),
+    [
+        ("GB82 WEST 1234 5698 7654 32", True),  # ECBS examples
+        ("GB82WEST12345698765432", True),
+        ("gb82west12345698765432", True),
+        ("DE89 3704 0044 0532 0130 00", True),
+        ("FR14 2004 1010 0505 0001 3M02 606", True),
+        ("GB83 WEST 1234 5698 7654 32", False),  # check digits off by one
+        ("GB82 WEST 1234 5698 7654 3", False),  # too short for GB
+        ("XX82 WEST 1234 5698 7654 32", False),  # unknown country
+        ("DE89 3704 0044 0532 0130 0A", False),  # DE BBAN is numeric
+    ],
+)
 def test_iban_valid(s: str, ok: bool) -> None:
     assert ck.iban_valid(s) is ok
 
 
-@pytest.mark.parametrize(("s", "ok"), [
-    ("123-45-6789", True), ("123456789", True), ("000-12-3456", False), ("666-12-3456", False),
-    ("900-12-3456", False), ("123-00-4567", False), ("123-45-0000", False),
-    ("078-05-1120", False), ("12-345-6789", False),
-])
+@pytest.mark.parametrize(
+    ("s", "ok"),
+    [
+        ("123-45-6789", True),
+        ("123456789", True),
+        ("000-12-3456", False),
+        ("666-12-3456", False),
+        ("900-12-3456", False),
+        ("123-00-4567", False),
+        ("123-45-0000", False),
+        ("078-05-1120", False),
+        ("12-345-6789", False),
+    ],
+)
 def test_us_ssn_valid(s: str, ok: bool) -> None:
     assert ck.us_ssn_valid(s) is ok
 
 
-@pytest.mark.parametrize(("s", "ok"), [
-    ("11010519491231002X", True),    # the GB 11643 example
-    ("11010519491231002x", True),
-    ("110105194912310021", False),   # wrong check character
-    ("99010519491231002X", False),   # no such province
-    ("11010519491331002X", False),   # month 13
-    ("1101051949123100", False),
-])
+@pytest.mark.parametrize(
+    ("s", "ok"),
+    [
+        ("11010519491231002X", True),  # the GB 11643 example
+        ("11010519491231002x", True),
+        ("110105194912310021", False),  # wrong check character
+        ("99010519491231002X", False),  # no such province
+        ("11010519491331002X", False),  # month 13
+        ("1101051949123100", False),
+    ],
+)
 def test_prc_id_valid(s: str, ok: bool) -> None:
     assert ck.prc_id_valid(s, today=dt.date(2026, 1, 1)) is ok
 

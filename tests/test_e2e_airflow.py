@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-
 from conftest import ROOT
+
 from pipeline import stage
 from pipeline.evaluate import evaluate
 

@@ -26,8 +26,12 @@ VALIDATORS = {
     "us_ssn": ck.us_ssn_valid,
     "prc_id": ck.prc_id_valid,
 }
-DECOY_OF = {"decoy_card": "card_number", "decoy_iban": "iban", "decoy_ssn": "us_ssn",
-            "decoy_prc_id": "prc_id"}
+DECOY_OF = {
+    "decoy_card": "card_number",
+    "decoy_iban": "iban",
+    "decoy_ssn": "us_ssn",
+    "decoy_prc_id": "prc_id",
+}
 
 
 @pytest.fixture(scope="module")
@@ -64,16 +68,21 @@ def read_raw(d: Path, fmt: str) -> pd.DataFrame:
 
 def gt(d: Path) -> tuple[pd.DataFrame, pd.DataFrame, dict]:
     g = d / "ground_truth"
-    return (pd.read_parquet(g / "rows.parquet"), pd.read_parquet(g / "pii_spans.parquet"),
-            json.loads((g / "summary.json").read_text()))
+    return (
+        pd.read_parquet(g / "rows.parquet"),
+        pd.read_parquet(g / "pii_spans.parquet"),
+        json.loads((g / "summary.json").read_text()),
+    )
 
 
 def test_same_seed_same_bytes_and_other_seed_differs(tmp_path: Path) -> None:
     def digest(seed: int, name: str) -> tuple[str, str]:
         d = tmp_path / name
         build_raw(d, BuilderConfig(rows=800, seed=seed))
-        return (hashlib.sha256((d / "raw.csv").read_bytes()).hexdigest(),
-                hashlib.sha256((d / "ground_truth" / "pii_spans.parquet").read_bytes()).hexdigest())
+        return (
+            hashlib.sha256((d / "raw.csv").read_bytes()).hexdigest(),
+            hashlib.sha256((d / "ground_truth" / "pii_spans.parquet").read_bytes()).hexdigest(),
+        )
 
     a, b, c = digest(1, "a"), digest(1, "b"), digest(2, "c")
     assert a == b
@@ -108,7 +117,7 @@ def test_pii_spans_point_at_their_values_and_values_validate(built) -> None:
     assert set(summary["decoy_type"]) == set(rawdata.DECOY_TYPES)
     for r in spans.itertuples():
         msg = raw.at[r.ticket_id, "message"]
-        assert msg[r.start:r.end] == r.value
+        assert msg[r.start : r.end] == r.value
         value = unicodedata.normalize("NFKC", r.value)
         if r.pii_type in VALIDATORS:
             assert VALIDATORS[r.pii_type](value), (r.pii_type, "planted value fails its validator")
@@ -126,8 +135,10 @@ def test_pii_spans_point_at_their_values_and_values_validate(built) -> None:
 def test_several_phone_formats_and_card_groupings(built) -> None:
     _, spans, _ = gt(built["parquet"])
     phones = spans.loc[spans["pii_type"] == "phone", "value"]
-    shapes = {"".join("9" if ch.isdigit() else ch for ch in unicodedata.normalize("NFKC", v))
-              for v in phones}
+    shapes = {
+        "".join("9" if ch.isdigit() else ch for ch in unicodedata.normalize("NFKC", v))
+        for v in phones
+    }
     assert len(shapes) >= 6
     assert any(v.startswith("+44") for v in phones) and any(v.startswith("+49") for v in phones)
     cards = spans.loc[spans["pii_type"] == "card_number", "value"]
@@ -200,9 +211,15 @@ def test_planted_label_errors_follow_the_rate(built) -> None:
     assert summary["label_errors"]["single_annotator_rows"] > 0
 
 
-@pytest.mark.parametrize("argv", [["--rows", "0"], ["--pii-share", "1.5"],
-                                  ["--exact-dup-share", "0.5", "--near-dup-share", "0.6"],
-                                  ["--format", "xml"]])
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["--rows", "0"],
+        ["--pii-share", "1.5"],
+        ["--exact-dup-share", "0.5", "--near-dup-share", "0.6"],
+        ["--format", "xml"],
+    ],
+)
 def test_bad_config_is_a_usage_error(tmp_path: Path, argv: list[str], capsys) -> None:
     with pytest.raises(SystemExit) as exc:
         rawdata.main(["--out", str(tmp_path), *argv])
