@@ -24,10 +24,13 @@ def _ratio(num: int, den: int) -> float | None:
     return round(num / den, 6) if den else None
 
 
-def evaluate(ground_truth: str | Path, clean_dir: str | Path, dedup_dir: str | Path,
-             threshold: float) -> dict[str, Any]:
-    gt = pd.read_parquet(Path(ground_truth) / "rows.parquet",
-                         columns=["ticket_id", "origin_id", "dup_kind", "dup_jaccard", "defect"])
+def evaluate(
+    ground_truth: str | Path, clean_dir: str | Path, dedup_dir: str | Path, threshold: float
+) -> dict[str, Any]:
+    gt = pd.read_parquet(
+        Path(ground_truth) / "rows.parquet",
+        columns=["ticket_id", "origin_id", "dup_kind", "dup_jaccard", "defect"],
+    )
     gt = gt.set_index("ticket_id")
     clean_kept = pd.read_parquet(Path(clean_dir) / "kept", columns=["record_id"]).record_id
     quarantine = pd.read_parquet(Path(clean_dir) / "quarantine", columns=["record_id", "reason"])
@@ -47,10 +50,15 @@ def evaluate(ground_truth: str | Path, clean_dir: str | Path, dedup_dir: str | P
     }
 
     kept = pd.read_parquet(Path(dedup_dir) / "kept", columns=["record_id"]).record_id
-    merged = pd.read_parquet(Path(dedup_dir) / "merged",
-                             columns=["record_id", "survivor_id", "match_type"])
-    cluster = pd.concat([pd.Series(kept.values, index=kept.values),
-                         pd.Series(merged.survivor_id.values, index=merged.record_id.values)])
+    merged = pd.read_parquet(
+        Path(dedup_dir) / "merged", columns=["record_id", "survivor_id", "match_type"]
+    )
+    cluster = pd.concat(
+        [
+            pd.Series(kept.values, index=kept.values),
+            pd.Series(merged.survivor_id.values, index=merged.record_id.values),
+        ]
+    )
     present = gt[gt.index.isin(cluster.index)]
     copies = present[present.dup_kind.isin(EXACT_KINDS + NEAR_KINDS)]
     # A copy whose original did not reach dedup cannot be scored against it.
@@ -60,8 +68,11 @@ def evaluate(ground_truth: str | Path, clean_dir: str | Path, dedup_dir: str | P
 
     def recall(mask: pd.Series) -> dict[str, Any]:
         sub = copies[mask]
-        return {"planted": int(len(sub)), "found": int(sub.recalled.sum()),
-                "recall": _ratio(int(sub.recalled.sum()), len(sub))}
+        return {
+            "planted": int(len(sub)),
+            "found": int(sub.recalled.sum()),
+            "recall": _ratio(int(sub.recalled.sum()), len(sub)),
+        }
 
     origin = gt.origin_id
     m = merged[merged.record_id.isin(gt.index) & merged.survivor_id.isin(gt.index)]
@@ -69,8 +80,11 @@ def evaluate(ground_truth: str | Path, clean_dir: str | Path, dedup_dir: str | P
 
     def precision(kind: str) -> dict[str, Any]:
         sub = m[m.match_type == kind]
-        return {"merged": int(len(sub)), "correct": int(sub.correct.sum()),
-                "precision": _ratio(int(sub.correct.sum()), len(sub))}
+        return {
+            "merged": int(len(sub)),
+            "correct": int(sub.correct.sum()),
+            "precision": _ratio(int(sub.correct.sum()), len(sub)),
+        }
 
     near_mask = copies.dup_kind.isin(NEAR_KINDS)
     out["dedup"] = {
@@ -83,3 +97,86 @@ def evaluate(ground_truth: str | Path, clean_dir: str | Path, dedup_dir: str | P
         "near_precision": precision("near"),
     }
     return out
+
+
+def locate_spans(
+    messages: pd.DataFrame, spans: pd.DataFrame
+) -> tuple[pd.DataFrame, dict[str, str]]:
+    """Ground-truth spans moved into the clean stage's normalized text.
+
+    ``messages`` has ticket_id and message (raw); the result has ticket_id, text
+    (normalized), pii_type, start, end. A value is looked up after the same normalization,
+    which only folds characters and collapses whitespace, so it stays a substring."""
+    from pipeline.textnorm import normalize_text
+
+    text = {
+        t: normalize_text(m)
+        for t, m in zip(messages["ticket_id"], messages["message"], strict=True)
+        if isinstance(m, str)
+    }
+    rows = []
+    cursor: dict[str, int] = {}
+    for r in spans.sort_values(["ticket_id", "start"]).itertuples():
+        t = text.get(r.ticket_id)
+        if t is None:
+            continue
+        v = normalize_text(r.value)
+        s = t.find(v, cursor.get(r.ticket_id, 0))
+        if s < 0:
+            s = t.find(v)
+        if s < 0:
+            continue
+        cursor[r.ticket_id] = s + len(v)
+        rows.append((r.ticket_id, r.pii_type, s, s + len(v)))
+    return pd.DataFrame(rows, columns=["ticket_id", "pii_type", "start", "end"]), text
+
+
+def pii_scores(
+    texts: dict[str, str],
+    truth: pd.DataFrame,
+    detections: dict[str, list[tuple[int, int, str]]],
+    type_map: dict[str, str],
+) -> dict[str, Any]:
+    """Per-type recall (a planted span fully inside a detection of its type), precision (a
+    detection overlapping a planted span of its type), leaks (planted spans that no
+    detection of any type covers) and decoys flagged (decoy spans overlapped)."""
+    by_ticket: dict[str, list[tuple[int, int, str]]] = {}
+    for r in truth.itertuples():
+        by_ticket.setdefault(r.ticket_id, []).append((r.start, r.end, r.pii_type))
+    per: dict[str, dict[str, int]] = {}
+
+    def slot(t: str) -> dict[str, int]:
+        return per.setdefault(t, {"planted": 0, "found": 0, "detections": 0, "correct": 0})
+
+    leaks = decoys = decoys_flagged = 0
+    for tid in texts:
+        gts = by_ticket.get(tid, [])
+        dets = detections.get(tid, [])
+        for s, e, kind in gts:
+            if kind.startswith("decoy_"):
+                decoys += 1
+                decoys_flagged += any(ds < e and s < de for ds, de, _ in dets)
+                continue
+            ent = type_map[kind]
+            slot(ent)["planted"] += 1
+            slot(ent)["found"] += any(ds <= s and e <= de and dt == ent for ds, de, dt in dets)
+            leaks += not any(ds <= s and e <= de for ds, de, _ in dets)
+        for ds, de, dt in dets:
+            slot(dt)["detections"] += 1
+            slot(dt)["correct"] += any(
+                ds < e and s < de and type_map.get(k) == dt for s, e, k in gts
+            )
+    out = {
+        t: {
+            "recall": _ratio(v["found"], v["planted"]),
+            "precision": _ratio(v["correct"], v["detections"]),
+            **v,
+        }
+        for t, v in sorted(per.items())
+    }
+    return {
+        "per_type": out,
+        "leaked_spans": leaks,
+        "decoys": decoys,
+        "decoys_flagged": decoys_flagged,
+    }
