@@ -10,11 +10,17 @@ and a rerun with the same input and settings is a cache hit that does no work.
 | `resolve_config` | resolves the typed config once (YAML + environment + this run's params) and saves it with the run |
 | `clean` | Spark: schema, Unicode NFKC, whitespace and control characters, length bounds, label normalization; rejects go to quarantine with a reason code |
 | `dedup` | Spark: exact duplicates on the normalized key, then near-duplicates by MinHash LSH; one survivor per cluster, clusters with disagreeing labels flagged |
-| `summary` | rows in, kept, quarantined by reason, duplicates merged and time, per stage |
+| `desensitize` | Spark: detects personal data (names, emails, phones, cards, IBANs, SSNs, PRC IDs, addresses, IPs) and masks it with typed placeholders or keyed pseudonyms; nothing downstream sees raw PII |
+| `validate` | Great Expectations gate on the desensitized data: schema, nulls, label set, length, residual PII, duplicate rate, row accounting; fails with a readable summary, Data Docs kept in the lake |
+| `summary` | rows in, kept, quarantined by reason, duplicates merged, PII by type, gate result and time, per stage |
 
 **Params** (the trigger form): `input_path` and `input_format` of the raw export,
-`min_chars` / `max_chars` length bounds and the near-duplicate `dedup_threshold`.
+`min_chars` / `max_chars` length bounds, the near-duplicate `dedup_threshold`, the
+masking mode `pii_mode`, and the gate's `max_duplicate_rate` / `max_residual_pii_rate`.
 Paths relative to the project root are fine.
+
+**Pseudonym mode** reads its HMAC key from the Airflow connection `intentops_pseudonym`
+(the key is its password) or, without it, from the worker's `INTENTOPS_PSEUDONYM_KEY`.
 
 **Trigger** from the UI's trigger form, or
 `airflow dags trigger intentops_pipeline --conf '{"input_path": "exports/tickets.csv"}'`,
@@ -50,8 +56,28 @@ default_args = {
 }
 
 
-def spark_stage(task_id: str) -> SparkSubmitOperator:
-    return SparkSubmitOperator(
+class DesensitizeSubmitOperator(SparkSubmitOperator):
+    """spark-submit with the pseudonymization key put into the job's environment at run
+    time, from the Airflow connection `intentops_pseudonym` when it exists. The key never
+    appears in the command line, in XCom or in rendered templates."""
+
+    def execute(self, context):
+        import os as _os
+
+        from airflow.sdk import Connection
+
+        try:
+            key = Connection.get("intentops_pseudonym").password
+        except Exception:  # no such connection: the worker's environment may have the key
+            key = None
+        key = key or _os.environ.get("INTENTOPS_PSEUDONYM_KEY")
+        if key:
+            self.env_vars = {**(self.env_vars or {}), "INTENTOPS_PSEUDONYM_KEY": key}
+        return super().execute(context)
+
+
+def spark_stage(task_id: str, cls: type[SparkSubmitOperator] = SparkSubmitOperator):
+    return cls(
         task_id=task_id,
         application=str(JOBS / f"{task_id}.py"),
         conn_id="spark_default",
@@ -103,6 +129,20 @@ def spark_stage(task_id: str) -> SparkSubmitOperator:
             maximum=1,
             description="Jaccard similarity of 5-byte shingles at or above which two messages are near-duplicates.",
         ),
+        "pii_mode": Param(
+            "placeholder",
+            enum=["placeholder", "pseudonym"],
+            description="placeholder: <EMAIL>, <CARD>...; pseudonym: a keyed HMAC token per value "
+            "(needs the Airflow connection intentops_pseudonym).",
+        ),
+        "max_duplicate_rate": Param(
+            0.01, type="number", minimum=0, maximum=1,
+            description="Gate: largest share of rows whose normalized text repeats after dedup.",
+        ),
+        "max_residual_pii_rate": Param(
+            0.0, type="number", minimum=0, maximum=1,
+            description="Gate: largest share of rows still matching a PII pattern after masking.",
+        ),
     },
 )
 def intentops_pipeline():
@@ -119,8 +159,29 @@ def intentops_pipeline():
                 "clean.min_chars": params["min_chars"],
                 "clean.max_chars": params["max_chars"],
                 "dedup.threshold": params["dedup_threshold"],
+                "desensitize.mode": params.get("pii_mode"),
+                "validation.max_duplicate_rate": params.get("max_duplicate_rate"),
+                "validation.max_residual_pii_rate": params.get("max_residual_pii_rate"),
             },
         )
+
+    @task(retries=0)
+    def validate(config_path: str, run_id: str) -> str:
+        """Great Expectations gate. A failed expectation is a property of the data, not a
+        transient error: the task fails at once (no retry) naming what failed and by how
+        much; the Data Docs stay in the lake (path in the log)."""
+        from airflow.sdk.exceptions import AirflowFailException
+
+        from pipeline import gate, validation
+        from pipeline.runs import load_run_config
+
+        result = gate.run(load_run_config(config_path), run_id)
+        print(f"validation result and Data Docs: {result.path}")
+        try:
+            gate.check(result)
+        except validation.GateFailed as exc:
+            raise AirflowFailException(str(exc)) from None
+        return result.path
 
     @task
     def summary(config_path: str, run_id: str) -> str:
@@ -132,7 +193,9 @@ def intentops_pipeline():
     config_path = resolve_config()
     clean = spark_stage("clean")
     dedup = spark_stage("dedup")
-    config_path >> clean >> dedup >> summary(config_path)
+    desensitize = spark_stage("desensitize", DesensitizeSubmitOperator)
+    gate = validate(config_path)
+    config_path >> clean >> dedup >> desensitize >> gate >> summary(config_path)
 
 
 intentops_pipeline()

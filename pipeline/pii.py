@@ -48,16 +48,9 @@ if TYPE_CHECKING:
     import pandas as pd
 
 __all__ = [
-    "BUILDER_TYPE_MAP",
-    "CANDIDATE_REGEX",
-    "ENTITY_TYPES",
-    "RESIDUAL_PATTERNS",
-    "Detection",
-    "detect",
-    "mask",
-    "mask_series",
-    "pseudonym",
-]
+    "BUILDER_TYPE_MAP", "CANDIDATE_REGEX", "ENTITY_TYPES", "RESIDUAL_PATTERNS", "Detection",
+    "detect", "mask", "mask_series", "pseudonym",
+]  # fmt: skip
 
 ENTITY_TYPES = ("PERSON", "EMAIL", "PHONE", "CARD", "IBAN", "US_SSN", "PRC_ID", "ADDRESS",
                 "IP_ADDRESS")  # fmt: skip
@@ -72,7 +65,18 @@ BUILDER_TYPE_MAP = {
 PRIORITY = {
     t: i
     for i, t in enumerate(
-        ("EMAIL", "IBAN", "PRC_ID", "CARD", "US_SSN", "IP_ADDRESS", "PHONE", "ADDRESS", "PERSON")
+        (
+            "EMAIL",
+            "IBAN",
+            "_BLOCK",
+            "PRC_ID",
+            "CARD",
+            "US_SSN",
+            "IP_ADDRESS",
+            "PHONE",
+            "ADDRESS",
+            "PERSON",
+        )
     )
 }
 
@@ -103,6 +107,14 @@ _CARD_RE = re.compile(
 _SSN_RE = re.compile(r"(?<![0-9-])[0-9]{3}-[0-9]{2}-[0-9]{4}(?![0-9-])")
 _IPV4_RE = re.compile(r"(?<![0-9.])(?:[0-9]{1,3}\.){3}[0-9]{1,3}(?!\.?[0-9])")
 _IPV6_RE = re.compile(r"(?<![\w:])(?:[0-9A-Fa-f]{0,4}:){2,7}[0-9A-Fa-f]{0,4}(?![\w:])")
+
+
+# IBAN-shaped runs ("NL92 NSCM 0401 2071 03") whose check digits fail: not an IBAN, and
+# not a phone or card either; they block other readings of their digits.
+_IBAN_SHAPE_RE = re.compile(
+    r"(?<![A-Za-z0-9])[A-Z]{2}[0-9]{2}(?:(?: [A-Z0-9]{4}){1,6} [0-9]{4}(?: [0-9]{1,4})?"
+    r"|[A-Z0-9]{11,30})(?![A-Za-z0-9])"
+)
 
 
 def _iban_spans(text: str) -> list[tuple[int, int]]:
@@ -149,13 +161,15 @@ def _ip_ok(s: str) -> bool:
 
 _PHONE_RES = (
     # International: +CC then 2-6 groups (optionally one in parentheses).
-    re.compile(r"(?<![\w+])\+[1-9][0-9]{0,2}(?:[ .-]?\(?[0-9]{1,5}\)?){2,6}(?![0-9])"),
+    re.compile(
+        r"(?<![\w+])\+[1-9][0-9]{0,2}(?:[ .-]?\([0-9]{1,5}\))?(?:[ .-]?[0-9]{1,5}){1,6}(?![0-9])"
+    ),
     # NANP: (212) 555-0199, 212-555-0199, 212.555.0199.
     re.compile(r"(?<![0-9])\([2-9][0-9]{2}\) ?[0-9]{3}[-. ][0-9]{4}(?![0-9])"),
     re.compile(r"(?<![0-9-.])[2-9][0-9]{2}([-.])[0-9]{3}\1[0-9]{4}(?![0-9]|[-.][0-9])"),
     # National numbers with a trunk 0 (UK 07xxx xxxxxx, DE 030 1234567, FR 06 12 34 56 78).
     re.compile(
-        r"(?<![0-9+.,/-])(?<![0-9][ .-])0[1-9][0-9]{0,4}(?:[ -][0-9]{2,8}){1,4}(?![0-9]|[.,/-][0-9])"
+        r"(?<![0-9A-Za-z+.,/-])(?<![0-9][ .-])0[1-9][0-9]{0,4}(?:[ -][0-9]{2,8}){1,4}(?![0-9]|[.,/-][0-9])"
     ),
     # Chinese mobile numbers, written without separators.
     re.compile(r"(?<![0-9A-Za-z])(?<![0-9][ .-])1[3-9][0-9]{9}(?![0-9A-Za-z])"),
@@ -167,240 +181,50 @@ def _phone_ok(s: str) -> bool:
     return 9 <= n <= 15 if s.startswith("+") else 10 <= n <= 12
 
 
+_GROUP_END_RE = re.compile(r"[0-9](?![0-9])")
+
+
+def _phone_spans(rx: re.Pattern[str], text: str) -> list[tuple[int, int]]:
+    # A match that runs into a following number ("+49 30 7683485 and 2 more") has too many
+    # digits; the longest prefix ending at a digit group that is a phone is kept.
+    out = []
+    for m in rx.finditer(text):
+        v = m.group()
+        if _phone_ok(v):
+            out.append(m.span())
+            continue
+        if not v.startswith("+"):  # a long national-looking run is some other number
+            continue
+        for g in reversed(list(_GROUP_END_RE.finditer(v))[:-1]):
+            if _phone_ok(v[: g.end()]):
+                out.append((m.start(), m.start() + g.end()))
+                break
+    return out
+
+
 # --------------------------------------------------------------------------- addresses
 
 # USPS Publication 28, Appendix C1 street suffixes (primary names, common abbreviations and
 # the plurals in use), and British street types.
-_EN_STREET = [
-    "alley",
-    "aly",
-    "anex",
-    "annex",
-    "arcade",
-    "avenue",
-    "ave",
-    "av",
-    "bayou",
-    "beach",
-    "bend",
-    "bluff",
-    "bluffs",
-    "bottom",
-    "boulevard",
-    "blvd",
-    "branch",
-    "bridge",
-    "brook",
-    "brooks",
-    "burg",
-    "burgs",
-    "bypass",
-    "camp",
-    "canyon",
-    "cape",
-    "causeway",
-    "center",
-    "centre",
-    "centers",
-    "circle",
-    "cir",
-    "circles",
-    "cliff",
-    "cliffs",
-    "club",
-    "common",
-    "commons",
-    "corner",
-    "corners",
-    "course",
-    "court",
-    "ct",
-    "courts",
-    "cove",
-    "coves",
-    "creek",
-    "crescent",
-    "crest",
-    "crossing",
-    "crossroad",
-    "crossroads",
-    "curve",
-    "dale",
-    "dam",
-    "divide",
-    "drive",
-    "dr",
-    "drives",
-    "estate",
-    "estates",
-    "expressway",
-    "extension",
-    "extensions",
-    "fall",
-    "falls",
-    "ferry",
-    "field",
-    "fields",
-    "flat",
-    "flats",
-    "ford",
-    "fords",
-    "forest",
-    "forge",
-    "forges",
-    "fork",
-    "forks",
-    "fort",
-    "freeway",
-    "garden",
-    "gardens",
-    "gateway",
-    "glen",
-    "glens",
-    "green",
-    "greens",
-    "grove",
-    "groves",
-    "harbor",
-    "harbors",
-    "haven",
-    "heights",
-    "highway",
-    "hwy",
-    "hill",
-    "hills",
-    "hollow",
-    "inlet",
-    "island",
-    "islands",
-    "isle",
-    "junction",
-    "junctions",
-    "key",
-    "keys",
-    "knoll",
-    "knolls",
-    "lake",
-    "lakes",
-    "land",
-    "landing",
-    "lane",
-    "ln",
-    "light",
-    "lights",
-    "loaf",
-    "lock",
-    "locks",
-    "lodge",
-    "loop",
-    "mall",
-    "manor",
-    "manors",
-    "meadow",
-    "meadows",
-    "mews",
-    "mill",
-    "mills",
-    "mission",
-    "motorway",
-    "mount",
-    "mountain",
-    "mountains",
-    "neck",
-    "orchard",
-    "oval",
-    "overpass",
-    "park",
-    "parks",
-    "parkway",
-    "parkways",
-    "pass",
-    "passage",
-    "path",
-    "pike",
-    "pine",
-    "pines",
-    "place",
-    "pl",
-    "plain",
-    "plains",
-    "plaza",
-    "point",
-    "points",
-    "port",
-    "ports",
-    "prairie",
-    "radial",
-    "ramp",
-    "ranch",
-    "rapid",
-    "rapids",
-    "rest",
-    "ridge",
-    "ridges",
-    "river",
-    "road",
-    "rd",
-    "roads",
-    "route",
-    "row",
-    "rue",
-    "run",
-    "shoal",
-    "shoals",
-    "shore",
-    "shores",
-    "skyway",
-    "spring",
-    "springs",
-    "spur",
-    "spurs",
-    "square",
-    "squares",
-    "station",
-    "stravenue",
-    "stream",
-    "street",
-    "st",
-    "streets",
-    "summit",
-    "terrace",
-    "ter",
-    "throughway",
-    "trace",
-    "track",
-    "trafficway",
-    "trail",
-    "trailer",
-    "tunnel",
-    "turnpike",
-    "underpass",
-    "union",
-    "unions",
-    "valley",
-    "valleys",
-    "via",
-    "viaduct",
-    "view",
-    "views",
-    "village",
-    "villages",
-    "ville",
-    "vista",
-    "walk",
-    "walks",
-    "wall",
-    "way",
-    "ways",
-    "well",
-    "wells",
-    "close",
-    "gate",
-    "gates",
-    "wharf",
-    "yard",
-    "quay",
-]
+_EN_STREET = """
+alley aly anex annex arcade avenue ave av bayou beach bend bluff bluffs bottom boulevard
+blvd branch bridge brook brooks burg burgs bypass camp canyon cape causeway center
+centre centers circle cir circles cliff cliffs club common commons corner corners course
+court ct courts cove coves creek crescent crest crossing crossroad crossroads curve dale
+dam divide drive dr drives estate estates expressway extension extensions fall falls
+ferry field fields flat flats ford fords forest forge forges fork forks fort freeway
+garden gardens gateway glen glens green greens grove groves harbor harbors haven heights
+highway hwy hill hills hollow inlet island islands isle junction junctions key keys
+knoll knolls lake lakes land landing lane ln light lights loaf lock locks lodge loop
+mall manor manors meadow meadows mews mill mills mission motorway mount mountain
+mountains neck orchard oval overpass park parks parkway parkways pass passage path pike
+pine pines place pl plain plains plaza point points port ports prairie radial ramp ranch
+rapid rapids rest ridge ridges river road rd roads route row rue run shoal shoals shore
+shores skyway spring springs spur spurs square squares station stravenue stream street
+st streets summit terrace ter throughway trace track trafficway trail trailer tunnel
+turnpike underpass union unions valley valleys via viaduct view views village villages
+ville vista walk walks wall way ways well wells close gate gates wharf yard quay
+""".split()
 _FR_VOIE = ["rue", "avenue", "av.", "boulevard", "bd", "place", "chemin", "allée", "allee", "impasse", "quai", "route", "cours", "square", "passage", "voie", "sentier", "rond-point"]  # fmt: skip
 _DE_SUFFIX = ["straße", "strasse", "str.", "weg", "gasse", "platz", "allee", "ring", "damm", "ufer", "chaussee", "steig", "pfad", "markt", "berg", "hof", "garten"]  # fmt: skip
 _UNIT = r"(?:flat|apt\.?|apartment|suite|ste\.?|unit|studio|room|#)"
@@ -459,14 +283,14 @@ _STRONG_CUES = (
     r"account holder:?",
     r"account holder is",
     r"card ?holder:?",
-    r"(?:kind |best |warm )?regards,",
-    r"thanks,",
-    r"thank you,",
-    r"many thanks,",
-    r"cheers,",
-    r"sincerely,",
-    r"yours,",
-    r"signed,",
+    r"(?:kind |best |warm )?regards[,:;]*",
+    r"thanks[,:;]*",
+    r"thank you[,:;]*",
+    r"many thanks[,:;]*",
+    r"cheers[,:;]*",
+    r"sincerely[,:;]*",
+    r"yours[,:;]*",
+    r"signed[,:;]*",
 )
 _WEAK_CUES = (
     r"(?:this|that) (?:is|was)",
@@ -493,275 +317,43 @@ _NAME_TOK = rf"{_TOK1}(?:-{_TOK1})?"
 _GEN_SUFFIX = r"(?:,?\s+(?:Jr\.?|Sr\.?|II|III|IV))?"
 _NAME_CASED = rf"{_NAME_TOK}(?:\s+(?:{_PARTICLE}\s+)?{_NAME_TOK}){{0,3}}{_GEN_SUFFIX}"
 _LOW_TOK = r"[a-zß-öø-ÿ][a-zß-öø-ÿ'’-]+"
-_NAME_CASELESS = rf"{_LOW_TOK}(?:\s+{_LOW_TOK}){{0,3}}"
+_NAME_CASELESS = rf"{_LOW_TOK}(?:\s+{_LOW_TOK}){{0,4}}"
 
 # Words that are not names although capitalized after a cue (pronouns, products, places).
 _NOT_NAMES = frozenset(
-    [
-        "i",
-        "i'm",
-        "i've",
-        "i'd",
-        "i'll",
-        "a",
-        "an",
-        "the",
-        "my",
-        "your",
-        "our",
-        "their",
-        "his",
-        "her",
-        "its",
-        "this",
-        "that",
-        "these",
-        "those",
-        "there",
-        "here",
-        "what",
-        "why",
-        "how",
-        "when",
-        "where",
-        "who",
-        "which",
-        "can",
-        "could",
-        "would",
-        "should",
-        "will",
-        "may",
-        "might",
-        "must",
-        "do",
-        "does",
-        "did",
-        "is",
-        "am",
-        "are",
-        "was",
-        "were",
-        "be",
-        "been",
-        "being",
-        "have",
-        "has",
-        "had",
-        "not",
-        "no",
-        "yes",
-        "ok",
-        "okay",
-        "please",
-        "thanks",
-        "thank",
-        "hi",
-        "hello",
-        "hey",
-        "dear",
-        "sir",
-        "madam",
-        "apple",
-        "google",
-        "samsung",
-        "android",
-        "iphone",
-        "visa",
-        "mastercard",
-        "maestro",
-        "amex",
-        "american",
-        "express",
-        "paypal",
-        "revolut",
-        "monzo",
-        "western",
-        "union",
-        "euro",
-        "euros",
-        "pound",
-        "pounds",
-        "dollar",
-        "dollars",
-        "gbp",
-        "eur",
-        "usd",
-        "uk",
-        "us",
-        "usa",
-        "eu",
-        "europe",
-        "england",
-        "britain",
-        "london",
-        "america",
-        "spain",
-        "france",
-        "germany",
-        "china",
-        "india",
-        "atm",
-        "pin",
-        "sepa",
-        "iban",
-        "bank",
-        "banking",
-        "card",
-        "cards",
-        "app",
-        "account",
-        "transfer",
-        "money",
-        "cash",
-        "payment",
-        "refund",
-        "top",
-        "exchange",
-        "rate",
-        "support",
-        "team",
-        "customer",
-        "service",
-        "disposable",
-        "virtual",
-        "physical",
-        "contactless",
-        "direct",
-        "debit",
-        "standing",
-        "order",
-        "urgent",
-        "again",
-    ]
+    """
+i i'm i've i'd i'll a an the my your our their his her its this that these those there
+here what why how when where who which can could would should will might must do
+does did is am are was were be been being have has had not no yes ok okay please thanks
+thank hi hello hey dear sir madam apple google samsung android iphone visa mastercard
+maestro amex american express paypal revolut monzo western union euro euros pound pounds
+dollar dollars gbp eur usd uk us usa eu europe england britain london america spain
+france germany china india atm pin sepa iban bank banking card cards app account
+transfer money cash payment refund top exchange rate support team customer service
+disposable virtual physical contactless direct debit standing order urgent again
+so ref any cheers regards kind best also then now ps thanks
+""".split()
 )
 # Extra words that stop a cue-less "Given Family" pair: calendar words are given names in
 # the Census lists (April, June, Monday is not, but May and August are).
 _NOT_PAIR = _NOT_NAMES | frozenset(
-    [
-        "monday",
-        "tuesday",
-        "wednesday",
-        "thursday",
-        "friday",
-        "saturday",
-        "sunday",
-        "january",
-        "february",
-        "march",
-        "april",
-        "may",
-        "june",
-        "july",
-        "august",
-        "september",
-        "october",
-        "november",
-        "december",
-        "swift",
-        "post",
-        "office",
-    ]
+    """
+monday tuesday wednesday thursday friday saturday sunday january february march april
+may june july august september october november december swift post office
+""".split()
 )
 # Words that end a name in text without case: function words and the common verbs and nouns
 # of customer messages.
 _STOP_LOWER = _NOT_PAIR | frozenset(
-    [
-        "and",
-        "or",
-        "but",
-        "so",
-        "to",
-        "from",
-        "for",
-        "with",
-        "without",
-        "of",
-        "in",
-        "on",
-        "at",
-        "by",
-        "about",
-        "as",
-        "into",
-        "over",
-        "after",
-        "before",
-        "speaking",
-        "writing",
-        "calling",
-        "asking",
-        "need",
-        "needs",
-        "needed",
-        "want",
-        "wants",
-        "wanted",
-        "help",
-        "got",
-        "get",
-        "getting",
-        "me",
-        "we",
-        "you",
-        "they",
-        "he",
-        "she",
-        "it",
-        "can't",
-        "cannot",
-        "don't",
-        "didn't",
-        "won't",
-        "trying",
-        "still",
-        "just",
-        "also",
-        "really",
-        "very",
-        "much",
-        "go",
-        "going",
-        "gone",
-        "went",
-        "through",
-        "waiting",
-        "wait",
-        "sick",
-        "tired",
-        "stuck",
-        "sure",
-        "unable",
-        "able",
-        "happy",
-        "sorry",
-        "new",
-        "looking",
-        "having",
-        "making",
-        "using",
-        "paying",
-        "unhappy",
-        "confused",
-        "worried",
-        "abroad",
-        "travelling",
-        "traveling",
-        "currently",
-        "already",
-        "now",
-        "today",
-        "yesterday",
-        "tomorrow",
-        "week",
-        "month",
-        "year",
-        "day",
-        "time",
-        "some",
-        "any",
-        "all",
-    ]
+    """
+and or but so to from for with without of in on at by about as into over after before
+speaking writing calling asking need needs needed want wants wanted help got get getting
+me we you they he she it can't cannot don't didn't won't trying still just also really
+very much go going gone went through waiting wait sick tired stuck sure unable able
+happy sorry looking having making using paying unhappy confused worried abroad
+travelling traveling currently already now today yesterday tomorrow week month year day
+time some any all
+""".split()
 )
 
 
@@ -829,19 +421,31 @@ def _trim_caseless(s: str, start: int, mode: str) -> tuple[int, int] | None:
     else:
         cut = next((i for i, t in enumerate(toks) if t[2] in _STOP_LOWER), len(toks))
         toks = toks[:cut]
+    toks = toks[:5]
     if not toks:
         return None
-    known = sum(_fold(t[2]) in given or _fold(t[2]) in family for t in toks)
-    # Without case a weak cue needs a known name and two tokens ("i am sick" is no name).
-    if mode != "strong" and (known == 0 or len(toks) < 2):
+    # Without case a weak cue needs two tokens, the first a known given name ("i'm doing
+    # wrong", "this is fairly certain" are no names).
+    if mode != "strong" and (len(toks) < 2 or _fold(toks[0][2]) not in given):
         return None
     return start + toks[0][0], start + toks[-1][1]
+
+
+def _search_all(rx: re.Pattern[str], text: str):
+    """Like ``finditer``, but the next search starts where this match's name starts, not
+    where it ends: "I'm writing on behalf of Ann Lee" first matches the weak cue "I'm"
+    (rejected: "writing" is no name) and must still find "on behalf of"."""
+    pos = 0
+    while (m := rx.search(text, pos)) is not None:
+        yield m
+        name = next(g for g in ("a", "b", "c") if m.group(g) is not None)
+        pos = max(m.start() + 1, m.start(name))
 
 
 def _names(text: str, caseless: bool) -> list[tuple[int, int]]:
     out = []
     if caseless:
-        for m in _CUED_CASELESS_RE.finditer(text):
+        for m in _search_all(_CUED_CASELESS_RE, text):
             if m.group("a"):
                 span = _trim_caseless(
                     m.group("a"), m.start("a"), "strong" if m.group("s") else "weak"
@@ -855,7 +459,7 @@ def _names(text: str, caseless: bool) -> list[tuple[int, int]]:
             if span:
                 out.append(span)
         return out
-    for m in _CUED_CASED_RE.finditer(text):
+    for m in _search_all(_CUED_CASED_RE, text):
         g = "a" if m.group("a") else ("b" if m.group("b") else "c")
         if g == "c":
             out.append(m.span("c"))
@@ -913,13 +517,14 @@ def detect(text: str) -> list[Detection]:
     found: list[tuple[int, int, str]] = []
     found += [(*m.span(), "EMAIL") for m in _EMAIL_RE.finditer(text)]
     found += [(s, e, "IBAN") for s, e in _iban_spans(text)]
+    found += [(*m.span(), "_BLOCK") for m in _IBAN_SHAPE_RE.finditer(text)]
     found += [(*m.span(), "PRC_ID") for m in _PRC_RE.finditer(text) if ck.prc_id_valid(m.group())]
     found += [(*m.span(), "CARD") for m in _CARD_RE.finditer(text) if _card_ok(m.group())]
     found += [(*m.span(), "US_SSN") for m in _SSN_RE.finditer(text) if ck.us_ssn_valid(m.group())]
     for rx in (_IPV4_RE, _IPV6_RE):
         found += [(*m.span(), "IP_ADDRESS") for m in rx.finditer(text) if _ip_ok(m.group())]
     for rx in _PHONE_RES:
-        found += [(*m.span(), "PHONE") for m in rx.finditer(text) if _phone_ok(m.group())]
+        found += [(s, e, "PHONE") for s, e in _phone_spans(rx, text)]
     caseless = _is_caseless(text)
     scan = _lower_same_length(text) if caseless else text
     for rx in _ADDRESS_CASELESS if caseless else _ADDRESS_CASED:
@@ -937,7 +542,8 @@ def detect(text: str) -> list[Detection]:
         if s >= e or any(s < te and ts < e for ts, te in taken):
             continue
         taken.append((s, e))
-        out.append(Detection(s, e, ent, text[s:e]))
+        if ent != "_BLOCK":
+            out.append(Detection(s, e, ent, text[s:e]))
     return sorted(out)
 
 

@@ -18,7 +18,7 @@ from pipeline.stage import StageError, StageResult, atomic_write_text, run_dir, 
 log = logging.getLogger(__name__)
 
 # Stages in pipeline order; later issues append to it.
-STAGES = ("clean", "dedup")
+STAGES = ("clean", "dedup", "desensitize", "validate")
 
 
 def save_run_config(cfg: PipelineConfig, run_id: str) -> str:
@@ -51,6 +51,10 @@ def stage_row(result: StageResult) -> dict[str, Any]:
         "merged_exact": stats.get("merged_exact", 0),
         "merged_near": stats.get("merged_near", 0),
         "seconds": result.manifest.get("timings", {}).get("seconds"),
+        "pii_entities": stats.get("entities", {}),
+        "rows_with_pii": stats.get("rows_with_pii"),
+        "gate_success": stats.get("success"),
+        "failed_expectations": stats.get("failed_expectations"),
         "cache_hit": result.cache_hit,
         "output": result.path,
     }
@@ -66,11 +70,11 @@ def collect(lake: Path, run_id: str) -> list[dict[str, Any]]:
 
 
 def render(rows: list[dict[str, Any]], run_id: str) -> str:
-    head = f"{'stage':<8} {'rows in':>9} {'kept':>9} {'quarant.':>9} {'merged':>9} {'time s':>8}  cache"
+    head = f"{'stage':<11} {'rows in':>9} {'kept':>9} {'quarant.':>9} {'merged':>9} {'time s':>8}  cache"
     lines = [f"intentops run {run_id}", head, "-" * len(head)]
     for r in rows:
         lines.append(
-            f"{r['stage']:<8} {r['rows_in']:>9,} {r['kept']:>9,} {r['quarantined']:>9,} "
+            f"{r['stage']:<11} {r['rows_in']:>9,} {r['kept']:>9,} {r['quarantined']:>9,} "
             f"{r['merged']:>9,} {r['seconds']:>8.1f}  {'hit' if r['cache_hit'] else 'miss'}"
         )
     for r in rows:
@@ -81,6 +85,12 @@ def render(rows: list[dict[str, Any]], run_id: str) -> str:
             lines.append(
                 f"{r['stage']} merged: {r['merged_exact']:,} exact, {r['merged_near']:,} near-duplicates"
             )
+        if r.get("pii_entities"):
+            found = ", ".join(f"{k} {v:,}" for k, v in sorted(r["pii_entities"].items()))
+            lines.append(f"{r['stage']}: {r['rows_with_pii']:,} rows with PII; masked {found}")
+        if r.get("gate_success") is not None:
+            verdict = "passed" if r["gate_success"] else f"FAILED ({r['failed_expectations']} expectations)"
+            lines.append(f"{r['stage']}: gate {verdict}; Data Docs {r['output']}/data_docs/index.html")
     return "\n".join(lines)
 
 

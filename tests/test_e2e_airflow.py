@@ -69,6 +69,28 @@ def test_dag_run_accounts_for_every_row(first_run, airflow_env):
     assert d["rows_in"] == c["kept"]
     assert d["kept"] + d["merged"] == d["rows_in"]
     assert c["quarantined"] > 0 and d["merged_exact"] > 0 and d["merged_near"] > 0
+    s, v = stages["desensitize"], stages["validate"]
+    assert s["rows_in"] == d["rows_in"] and s["kept"] == d["kept"]
+    assert s["rows_with_pii"] > 0 and s["pii_entities"].get("EMAIL", 0) > 0
+    assert v["gate_success"] is True and v["failed_expectations"] == 0
+    assert (Path(v["output"]) / "data_docs" / "index.html").exists()
+
+
+def test_no_planted_personal_data_downstream_of_desensitize(first_run, airflow_env):
+    """The leak scanner over every desensitize and gate output and every Airflow task log
+    (all stages: logs must not carry PII either) finds none of the planted values."""
+    from pipeline import leakscan
+
+    _, base, raw = airflow_env
+    run_name, summary = first_run
+    lake = base / "lake"
+    roots = [stage.upstream(lake, run_name, n).path for n in ("desensitize", "validate")]
+    roots += [base / "airflow" / "logs", lake / "runs" / run_name]
+    needles = leakscan.load_needles(raw / "ground_truth")
+    assert len(needles) > 100
+    assert leakscan.scan(roots, needles) == []
+    # And the scanner does see them where they legitimately still are: the raw zone.
+    assert leakscan.scan([stage.upstream(lake, run_name, "dedup").path], needles)
 
 
 def test_data_stages_meet_quality_targets(first_run, airflow_env):
@@ -99,3 +121,32 @@ def test_second_run_is_a_cache_hit_with_unchanged_output(first_run, airflow_env)
         assert s["cache_hit"], s
         assert s["output"] == outputs[s["stage"]]
         assert stage.file_fingerprint(s["output"]) == before[s["stage"]]
+
+
+def test_gate_failure_is_readable_and_quotes_no_data(first_run, airflow_env):
+    """The same run's gate with an impossible bar: exit code 3, each failed expectation
+    named with its numbers, and no planted value in the message."""
+    from pipeline import leakscan
+
+    env, _, raw = airflow_env
+    run_name, _ = first_run
+    out = subprocess.run(
+        [sys.executable, "-m", "pipeline.cli", "validate", "--run-id", run_name,
+         "--set", "validation.min_rows=100000000", "--set", "validation.max_duplicate_rate=0"],
+        env=env, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 3, out.stderr[-3000:]
+    assert "validation gate failed" in out.stderr
+    assert "rows < min_rows 100000000" in out.stderr
+    needles = leakscan.Scanner(leakscan.load_needles(raw / "ground_truth"))
+    assert not needles.find(out.stdout + out.stderr)
+
+
+def test_pseudonym_mode_without_a_key_fails_the_task_with_the_fix(airflow_env, first_run):
+    env, _, raw = airflow_env
+    env = {k: v for k, v in env.items() if k != "INTENTOPS_PSEUDONYM_KEY"}
+    conf = json.dumps({"input_path": str(raw / "raw.csv"), "pii_mode": "pseudonym"})
+    out = subprocess.run(["airflow", "dags", "test", "intentops_pipeline", "--conf", conf],
+                         env=env, cwd=ROOT, capture_output=True, text=True, timeout=1200)
+    log = out.stdout + out.stderr
+    assert "intentops_pseudonym" in log and "INTENTOPS_PSEUDONYM_KEY" in log, log[-4000:]
+    assert "failed" in log.lower()
