@@ -49,7 +49,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "BUILDER_TYPE_MAP", "CANDIDATE_REGEX", "ENTITY_TYPES", "RESIDUAL_PATTERNS", "Detection",
-    "detect", "mask", "mask_series", "pseudonym",
+    "detect", "mask", "mask_series", "pseudonym", "redact",
 ]  # fmt: skip
 
 ENTITY_TYPES = ("PERSON", "EMAIL", "PHONE", "CARD", "IBAN", "US_SSN", "PRC_ID", "ADDRESS",
@@ -505,6 +505,10 @@ def _is_caseless(text: str) -> bool:
     return True
 
 
+_DIGITS_RE = re.compile(r"[0-9]")
+_VOIE_HINT_RE = re.compile(r"(?i:rue|avenue|boulevard|chemin|all[ée]e|impasse|quai)\s")
+
+
 def _lower_same_length(text: str) -> str:
     # str.lower() can lengthen text ("İ" -> "i̇"); offsets must survive, so lower per char.
     return "".join(c if len(lc := c.lower()) != 1 else lc for c in text)
@@ -515,24 +519,31 @@ def detect(text: str) -> list[Detection]:
     if not text:
         return []
     found: list[tuple[int, int, str]] = []
-    found += [(*m.span(), "EMAIL") for m in _EMAIL_RE.finditer(text)]
-    found += [(s, e, "IBAN") for s, e in _iban_spans(text)]
-    found += [(*m.span(), "_BLOCK") for m in _IBAN_SHAPE_RE.finditer(text)]
-    found += [(*m.span(), "PRC_ID") for m in _PRC_RE.finditer(text) if ck.prc_id_valid(m.group())]
-    found += [(*m.span(), "CARD") for m in _CARD_RE.finditer(text) if _card_ok(m.group())]
-    found += [(*m.span(), "US_SSN") for m in _SSN_RE.finditer(text) if ck.us_ssn_valid(m.group())]
-    for rx in (_IPV4_RE, _IPV6_RE):
-        found += [(*m.span(), "IP_ADDRESS") for m in rx.finditer(text) if _ip_ok(m.group())]
-    for rx in _PHONE_RES:
-        found += [(s, e, "PHONE") for s, e in _phone_spans(rx, text)]
+    # Cheap gates first: most messages have no "@", no digit run, no colon, and a regex
+    # pass over them costs more than these scans.
+    if "@" in text:
+        found += [(*m.span(), "EMAIL") for m in _EMAIL_RE.finditer(text)]
+    digits = _DIGITS_RE.search(text) is not None
+    if digits:
+        found += [(s, e, "IBAN") for s, e in _iban_spans(text)]
+        found += [(*m.span(), "_BLOCK") for m in _IBAN_SHAPE_RE.finditer(text)]
+        found += [(*m.span(), "PRC_ID") for m in _PRC_RE.finditer(text) if ck.prc_id_valid(m.group())]
+        found += [(*m.span(), "CARD") for m in _CARD_RE.finditer(text) if _card_ok(m.group())]
+        found += [(*m.span(), "US_SSN") for m in _SSN_RE.finditer(text) if ck.us_ssn_valid(m.group())]
+        found += [(*m.span(), "IP_ADDRESS") for m in _IPV4_RE.finditer(text) if _ip_ok(m.group())]
+        for rx in _PHONE_RES:
+            found += [(s, e, "PHONE") for s, e in _phone_spans(rx, text)]
+    if text.count(":") >= 2:
+        found += [(*m.span(), "IP_ADDRESS") for m in _IPV6_RE.finditer(text) if _ip_ok(m.group())]
     caseless = _is_caseless(text)
     scan = _lower_same_length(text) if caseless else text
-    for rx in _ADDRESS_CASELESS if caseless else _ADDRESS_CASED:
-        found += [
-            (*m.span(), "ADDRESS")
-            for m in rx.finditer(scan)
-            if not caseless or not _STOP_LOWER.intersection(m.group().split())
-        ]
+    if digits or _VOIE_HINT_RE.search(scan):
+        for rx in _ADDRESS_CASELESS if caseless else _ADDRESS_CASED:
+            found += [
+                (*m.span(), "ADDRESS")
+                for m in rx.finditer(scan)
+                if not caseless or not _STOP_LOWER.intersection(m.group().split())
+            ]
     found += [(s, e, "PERSON") for s, e in _names(scan, caseless)]
 
     found.sort(key=lambda d: (PRIORITY[d[2]], d[0] - d[1], d[0]))
@@ -574,6 +585,14 @@ def pseudonym(entity: str, value: str, key: bytes) -> str:
 
 def mask(text: str, mode: str = "placeholder", key: bytes | None = None) -> tuple[str, list[str]]:
     """``text`` with every detection replaced, and the entity types replaced (in order)."""
+    masked, dets = redact(text, mode, key)
+    return masked, [d.entity for d in dets]
+
+
+def redact(
+    text: str, mode: str = "placeholder", key: bytes | None = None
+) -> tuple[str, list[Detection]]:
+    """Like ``mask``, with the detections (offsets into the NFKC form of ``text``)."""
     if mode not in ("placeholder", "pseudonym"):
         raise ValueError(f"mode must be 'placeholder' or 'pseudonym', got {mode!r}")
     if mode == "pseudonym" and not key:
@@ -584,7 +603,7 @@ def mask(text: str, mode: str = "placeholder", key: bytes | None = None) -> tupl
         text = unicodedata.normalize("NFKC", text)
     dets = detect(text)
     if not dets:
-        return text, []
+        return text, dets
     pieces, last = [], 0
     for d in dets:
         pieces.append(text[last : d.start])
@@ -593,7 +612,7 @@ def mask(text: str, mode: str = "placeholder", key: bytes | None = None) -> tupl
         )
         last = d.end
     pieces.append(text[last:])
-    return "".join(pieces), [d.entity for d in dets]
+    return "".join(pieces), dets
 
 
 def mask_series(

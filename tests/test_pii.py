@@ -180,3 +180,38 @@ def test_no_detections_in_the_original_banking77_messages() -> None:
     plain = pd.read_csv(Path(__file__).parent.parent / "data" / "banking77" / "train.csv")["text"]
     hits = [(d.entity, d.value) for t in plain for d in pii.detect(normalize_text(t))]
     assert len(hits) <= 2, hits
+
+
+@pytest.mark.parametrize("text", [
+    "x" * 200_000,                                   # one huge token
+    "1" * 50_000,                                    # one huge digit run: no identifier
+    "A" * 30_000 + " " + "B" * 30_000,
+    ":" * 10_000 + "a" * 10,
+    " ".join(["Word"] * 20_000),                     # a long run of capitalized words
+    "\udcff\udcfe broken bytes decoded with surrogateescape",
+    "",
+])  # fmt: skip
+def test_odd_input_never_crashes(text: str) -> None:
+    masked, ents = pii.mask(text)
+    assert isinstance(masked, str)
+    assert ents == [] or all(e in pii.ENTITY_TYPES for e in ents)
+
+
+def test_pii_in_a_very_long_text_is_still_masked() -> None:
+    filler = "I have a question about my card. " * 5000  # ~165 kB
+    text = "mail a.b@example.com " + filler + " card 4111 1111 1111 1111 end"
+    masked, ents = pii.mask(text)
+    assert ents == ["EMAIL", "CARD"]
+    assert "example.com" not in masked and "4111" not in masked
+
+
+@pytest.mark.parametrize(("text", "entity"), [
+    ("card 4111.1111.1111.1111.", "CARD"),
+    ("card ４１１１-１１１１-１１１１-１１１１", "CARD"),
+    ("call ＋４４ ２０ ７９４６ ０９５８", "PHONE"),
+    ("iban GB82WEST12345698765432", "IBAN"),
+    ("iban gb82 west 1234 5698 7654 32", "IBAN"),
+])  # fmt: skip
+def test_odd_separators_and_widths(text: str, entity: str) -> None:
+    masked, ents = pii.mask(text)
+    assert ents == [entity] and not re.search(r"[0-9]{4}", masked), masked
