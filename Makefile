@@ -36,8 +36,11 @@ test: $(VENV)/.installed
 lint: $(VENV)/.installed
 	$(BIN)/ruff check .
 
+# Benchmarks (not part of the tests): results in benchmarks/results/, quoted in docs/BENCHMARKS.md.
 bench: $(VENV)/.installed
-	$(BIN)/python benchmarks/data_stages.py
+	$(BIN)/pip install -q -c constraints.txt -e '.[dev,bench]'
+	$(BIN)/python benchmarks/data_stages.py --stages clean dedup desensitize
+	$(BIN)/python benchmarks/pii_presidio.py --raw var/bench/raw-1000000 --sample 4000
 
 venv: $(VENV)/.installed
 

@@ -335,6 +335,8 @@ class Composer:
         self.pair_msgs: set[int] = set()  # pair keys used as 2-part messages
         self.multi: dict[int, list[tuple[int, ...]]] = {}  # pair key -> 3+-part messages
         self.relaxed = 0
+        self._unions: dict[tuple[int, ...], frozenset[bytes]] = {}
+        self.strict_exhausted: set[int] = set()
         self.by_parts: Counter[int] = Counter()
         for lab in range(n_labels):
             self._prepare_label(lab)
@@ -368,15 +370,27 @@ class Composer:
     def _union(self, parts: Sequence[int]) -> set[bytes]:
         return set().union(*(self.pool.sets[p] for p in parts))
 
+    def _union_cached(self, parts: tuple[int, ...]) -> frozenset[bytes]:
+        # Registered messages are compared again and again as "others"; their unions are
+        # kept (bounded, oldest first out) instead of rebuilt for every candidate.
+        u = self._unions.get(parts)
+        if u is None:
+            if len(self._unions) >= 400_000:
+                self._unions.pop(next(iter(self._unions)))
+            u = self._unions[parts] = frozenset(self._union(parts))
+        return u
+
     def _ok(self, parts: tuple[int, ...], strict: bool) -> bool:
+        # A pure predicate: the checks are ordered cheapest first (set unions last), which
+        # changes nothing but the time a million-row build takes.
         if int(self.lengths[list(parts)].sum()) + len(parts) - 1 > MAX_COMPOSED_CHARS:
             return False
         if tuple(sorted(parts)) in self.used:
             return False
+        if strict and not self._compatible(parts):
+            return False
         union = self._union(parts)
         if max(len(self.pool.sets[p]) for p in parts) > PART_MAX * len(union):
-            return False
-        if strict and not self._compatible(parts):
             return False
         others: list[tuple[int, ...]] = []
         for i, x in enumerate(parts):
@@ -386,7 +400,7 @@ class Composer:
                     others.append((x, y))
                 others.extend(self.multi.get(k, ()))
         for other in dict.fromkeys(others):
-            ou = self._union(other)
+            ou = self._union_cached(other)
             inter = len(union & ou)
             if inter >= SHARED_MAX_J * (len(union) + len(ou) - inter):
                 return False
@@ -420,11 +434,19 @@ class Composer:
         _check(len(mem) >= 4, f"label {self.pool.label_names[lab]!r} has fewer than 4 texts")
         # 3 parts; 4 only when a label's 3-part space is crowded; the similar-partner rule
         # is dropped last (far beyond a million rows), never the exact-Jaccard check.
-        for k, strict, tries in ((3, True, 300), (4, True, 200), (3, False, 200), (4, False, 200)):
+        # Once a label's strict space has failed a whole round, later draws for it go straight
+        # to the relaxed rule: at a million rows the strict rounds otherwise cost ~500 failed
+        # tries per message and the build time grows quadratically.
+        rounds = ((3, True, 300), (4, True, 200), (3, False, 200), (4, False, 200))
+        if lab in self.strict_exhausted:
+            rounds = rounds[2:]
+        for k, strict, tries in rounds:
             for _ in range(tries):
                 parts = tuple(int(mem[x]) for x in self.rng.sample(range(len(mem)), k))
                 if self._ok(parts, strict):
                     return self._register(parts, strict)
+            if strict and k == 4:
+                self.strict_exhausted.add(lab)
         raise RuntimeError(f"cannot compose more distinct messages for {self.pool.label_names[lab]}")
 
     def draw(self, n: int, label: int | None = None) -> list[tuple[int, ...]]:

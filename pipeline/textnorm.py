@@ -23,7 +23,7 @@ CONTROL_RE = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f]")
 # Typical UTF-8-read-as-cp1252/latin-1 sequences ("â€™", "Ã©", "Â£"). A lead byte of a
 # two- or three-byte UTF-8 sequence rendered in cp1252, followed by a continuation-byte
 # rendering. Real text in the languages we serve practically never contains these pairs.
-MOJIBAKE_RE = re.compile(r"(?:â€|Ã[\u0080-\u00bf€‚ƒ„…†‡ˆ‰Š‹ŒŽ‘’“”•–—˜™š›œžŸ]|Â[\u00a0-\u00bf])")
+MOJIBAKE_RE = re.compile(r"(?:â[\u0080-\u00bf€‚ƒ„…†‡ˆ‰Š‹ŒŽ‘’“”•–—˜™š›œžŸ]|Ã[\u0080-\u00bf€‚ƒ„…†‡ˆ‰Š‹ŒŽ‘’“”•–—˜™š›œžŸ]|Â[\u00a0-\u00bf])")
 _WS_RE = re.compile(r"\s+")
 
 

@@ -65,6 +65,8 @@ def test_control_chars(text, is_control):
     [
         ("I’m waiting", False),
         ("Iâ€™m waiting", True),
+        ("a fee of â‚¬1", True),  # "€" read as cp1252
+        ("crème brûlée à côté", False),
         ("cafÃ© au lait", True),
         ("costs Â£5", True),
         ("café", False),
