@@ -165,10 +165,11 @@ def intentops_pipeline():
             },
         )
 
-    @task(retries=0)
+    @task
     def validate(config_path: str, run_id: str) -> str:
         """Great Expectations gate. A failed expectation is a property of the data, not a
-        transient error: the task fails at once (no retry) naming what failed and by how
+        transient error: AirflowFailException fails the task at once (retries are for
+        I/O errors only), naming what failed and by how
         much; the Data Docs stay in the lake (path in the log)."""
         from airflow.sdk.exceptions import AirflowFailException
 

@@ -54,7 +54,7 @@ def test_spark_stages_use_spark_submit_and_the_default_connection(dagbag):
 
     dag = dagbag.dags["intentops_pipeline"]
     spark_tasks = [t for t in dag.tasks if isinstance(t, SparkSubmitOperator)]
-    assert {t.task_id for t in spark_tasks} == {"clean", "dedup"}
+    assert {t.task_id for t in spark_tasks} == {"clean", "dedup", "desensitize"}
     for t in spark_tasks:
         assert t._conn_id == "spark_default"
         assert (ROOT / t.application).exists() or (ROOT / "jobs" / "spark" / f"{t.task_id}.py").exists()
