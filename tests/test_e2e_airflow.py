@@ -150,3 +150,26 @@ def test_pseudonym_mode_without_a_key_fails_the_task_with_the_fix(airflow_env, f
     log = out.stdout + out.stderr
     assert "intentops_pseudonym" in log and "INTENTOPS_PSEUDONYM_KEY" in log, log[-4000:]
     assert "failed" in log.lower()
+
+
+def test_pseudonym_key_from_the_airflow_connection(airflow_env, first_run):
+    """pii_mode=pseudonym with the key in the `intentops_pseudonym` connection: the task
+    passes it to spark-submit, tokens are keyed, and the key is in no log or output."""
+    env, base, raw = airflow_env
+    key = "conn-key-5f0c3a9e1b7d4c2a"
+    env = {k: v for k, v in env.items() if k != "INTENTOPS_PSEUDONYM_KEY"}
+    env["AIRFLOW_CONN_INTENTOPS_PSEUDONYM"] = json.dumps({"conn_type": "generic", "password": key})
+    conf = json.dumps({"input_path": str(raw / "raw.csv"), "pii_mode": "pseudonym"})
+    out = subprocess.run(["airflow", "dags", "test", "intentops_pipeline", "--conf", conf],
+                         env=env, cwd=ROOT, capture_output=True, text=True, timeout=1200)
+    assert out.returncode == 0, (out.stdout + out.stderr)[-6000:]
+    lake = base / "lake"
+    name, _ = _latest(lake)
+    res = stage.upstream(lake, name, "desensitize")
+    assert res.manifest["config"]["desensitize"]["mode"] == "pseudonym"
+    texts = pd.read_parquet(Path(res.path) / "kept", columns=["text"])["text"]
+    assert texts.str.contains(r"<EMAIL_[0-9a-f]{10}>").any()
+    assert key not in out.stdout + out.stderr
+    for p in list((base / "airflow" / "logs").rglob("*")) + list(Path(res.path).rglob("*")):
+        if p.is_file():
+            assert key.encode() not in p.read_bytes(), p
