@@ -396,7 +396,7 @@ _TOK_RE = re.compile(r"\S+")
 
 def _trim_cased(s: str, start: int) -> tuple[int, int] | None:
     """Drop leading and trailing non-name tokens of a cased match; None if nothing is left."""
-    toks = [(m.start(), m.end(), m.group()) for m in re.finditer(r"\S+", s)]
+    toks = [(m.start(), m.end(), m.group()) for m in _TOK_RE.finditer(s)]
     while toks and toks[0][2].lower() in _NOT_NAMES:
         toks.pop(0)
     while toks and (toks[-1][2].lower() in _NOT_NAMES or re.fullmatch(_PARTICLE, toks[-1][2])):
@@ -410,7 +410,7 @@ def _trim_caseless(s: str, start: int, mode: str) -> tuple[int, int] | None:
     """mode: "strong" (after a strong cue), "weak" (after a weak cue) or "before" (a name
     before "here")."""
     given, family = _lexicon()
-    toks = [(m.start(), m.end(), m.group()) for m in re.finditer(r"\S+", s)]
+    toks = [(m.start(), m.end(), m.group()) for m in _TOK_RE.finditer(s)]
     if mode == "before":  # "... severin kaul here": keep the tail that looks like a name
         keep = []
         for t in reversed(toks):
