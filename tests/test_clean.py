@@ -26,6 +26,8 @@ CASES = [
     ("blank", "  \t  ", "card_arrival", "[]", TS, "empty_text"),
     ("ctrl", "my card\x07 is late", "card_arrival", "[]", TS, "control_chars"),
     ("esc", "\x1b[31mred\x1b[0m card", "card_arrival", "[]", TS, "control_chars"),
+    # A NUL inside a quoted field with doubled quotes: Spark's CSV parser used to drop it.
+    ("nul", 'a "declined" message\x00 on my card', "card_arrival", "[]", TS, "control_chars"),
     ("moji", "Iâ€™m still waiting", "card_arrival", "[]", TS, "mojibake"),
     ("short", "?", "card_arrival", "[]", TS, "too_short"),
     ("long", "card " * 300, "card_arrival", "[]", TS, "too_long"),

@@ -137,6 +137,10 @@ def read_raw(spark: SparkSession, cfg: PipelineConfig, path: str | None = None) 
                     .option("multiLine", cfg.input.csv_multiline)
                     .option("encoding", cfg.input.encoding)
                     .option("escape", '"')
+                    # Spark's default for escape == quote is NUL, which makes the parser
+                    # silently drop a NUL next to a doubled quote: the control character
+                    # would vanish instead of reaching the clean stage's check.
+                    .option("charToEscapeQuoteEscaping", '"')
                     # Keep the text exactly as exported; the clean stage normalizes it.
                     .option("ignoreLeadingWhiteSpace", False)
                     .option("ignoreTrailingWhiteSpace", False)
