@@ -129,8 +129,10 @@ def main() -> None:
             r["clean"]["wall_s"] + r["dedup"]["wall_s"] for r in runs)
     dest = ROOT / "benchmarks" / "results" / "data_stages.json"
     dest.parent.mkdir(parents=True, exist_ok=True)
-    dest.write_text(json.dumps(results, indent=2, default=str))
-    print(json.dumps(results, indent=2, default=str))
+    # Paths of this machine stay out of the committed results.
+    text = json.dumps(results, indent=2, default=str).replace(str(ROOT), ".")
+    dest.write_text(text)
+    print(text)
 
 
 if __name__ == "__main__":

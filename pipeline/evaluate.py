@@ -4,7 +4,8 @@
   quarantined, by defect and by reason;
 * dedup: per planted copy, whether it ended in the same cluster as its original
   (recall, by duplicate kind), and per merged row, whether its survivor really is a copy
-  of the same original (precision, for exact and near merges separately).
+  of the same original, or a different original at least `threshold` similar to it (a
+  ground-truth collision, reported apart), for exact and near merges separately.
 
     intentops evaluate --run-id RUN --ground-truth var/demo/raw/ground_truth
 """
@@ -15,6 +16,8 @@ from pathlib import Path
 from typing import Any
 
 import pandas as pd
+
+from pipeline.textnorm import jaccard
 
 EXACT_KINDS = ("exact", "case", "punct", "whitespace")
 NEAR_KINDS = ("word_swap", "clause_added")
@@ -51,7 +54,7 @@ def evaluate(
 
     kept = pd.read_parquet(Path(dedup_dir) / "kept", columns=["record_id"]).record_id
     merged = pd.read_parquet(
-        Path(dedup_dir) / "merged", columns=["record_id", "survivor_id", "match_type"]
+        Path(dedup_dir) / "merged", columns=["record_id", "survivor_id", "match_type", "text"]
     )
     cluster = pd.concat(
         [
@@ -76,7 +79,26 @@ def evaluate(
 
     origin = gt.origin_id
     m = merged[merged.record_id.isin(gt.index) & merged.survivor_id.isin(gt.index)]
-    m = m.assign(correct=origin.loc[m.record_id].values == origin.loc[m.survivor_id].values)
+    m = m.assign(same_origin=origin.loc[m.record_id].values == origin.loc[m.survivor_id].values)
+    # The builder keeps distinct originals apart with cheap rules (see rawdata.Composer);
+    # at a million rows it runs out of strictly separated compositions and some "distinct"
+    # originals really are near each other (Banking77 itself holds close paraphrases). A
+    # merge of two different origins whose texts are at least `threshold` similar is what
+    # the stage is asked to do, so it is counted as a ground-truth collision, not an error;
+    # a merge joined only through a chain of such pairs stays an error.
+    survivor_text = pd.read_parquet(Path(dedup_dir) / "kept", columns=["record_id", "text"])
+    survivor_text = survivor_text.set_index("record_id").text
+    other = m[~m.same_origin & (m.match_type == "near")]
+    collision = pd.Series(
+        [
+            jaccard(a, survivor_text.get(b, "")) >= threshold
+            for a, b in zip(other.text, other.survivor_id, strict=True)
+        ],
+        index=other.index,
+        dtype=bool,
+    )
+    m = m.assign(collision=collision.reindex(m.index, fill_value=False))
+    m = m.assign(correct=m.same_origin | m.collision)
 
     def precision(kind: str) -> dict[str, Any]:
         sub = m[m.match_type == kind]
@@ -84,6 +106,9 @@ def evaluate(
             "merged": int(len(sub)),
             "correct": int(sub.correct.sum()),
             "precision": _ratio(int(sub.correct.sum()), len(sub)),
+            "same_origin": int(sub.same_origin.sum()),
+            "precision_vs_planted_origins": _ratio(int(sub.same_origin.sum()), len(sub)),
+            "ground_truth_collisions": int(sub.collision.sum()),
         }
 
     near_mask = copies.dup_kind.isin(NEAR_KINDS)
