@@ -58,6 +58,7 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3, help="runs of the stages; medians reported")
     ap.add_argument("--stages", nargs="+", default=["clean", "dedup", "desensitize"])
     ap.add_argument("--reuse-raw", action="store_true", help="skip the build if raw.csv exists")
+    ap.add_argument("--results", default="benchmarks/results/data_stages.json")
     args = ap.parse_args()
 
     out = (ROOT / args.out).resolve()
@@ -127,7 +128,7 @@ def main() -> None:
                                       d["stats"].get("threshold", 0.8))
         results["clean_plus_dedup_wall_s_median"] = statistics.median(
             r["clean"]["wall_s"] + r["dedup"]["wall_s"] for r in runs)
-    dest = ROOT / "benchmarks" / "results" / "data_stages.json"
+    dest = ROOT / args.results
     dest.parent.mkdir(parents=True, exist_ok=True)
     # Paths of this machine stay out of the committed results.
     text = json.dumps(results, indent=2, default=str).replace(str(ROOT), ".")

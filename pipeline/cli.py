@@ -48,7 +48,8 @@ def main(argv: list[str] | None = None) -> int:
     _stage_parser(sub, "dedup", "dedup stage (needs the run's clean output)")
     _stage_parser(sub, "desensitize", "PII masking (needs the run's dedup output)")
     _stage_parser(sub, "validate", "data-validation gate (needs the run's desensitize output)")
-    _stage_parser(sub, "run", "every data stage in order, without Airflow")
+    _stage_parser(sub, "labelqa", "label QA and curated split (needs the run's validate output)")
+    _stage_parser(sub, "run", "every stage in order, without Airflow")
     e = sub.add_parser("evaluate", help="score a run's data stages against builder ground truth")
     e.add_argument("--run-id", required=True)
     e.add_argument("--ground-truth", required=True, help="the builder's ground_truth/ folder")
@@ -76,7 +77,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"ERROR: {exc}", file=sys.stderr)
         return 2
     except Exception as exc:
-        if type(exc).__name__ != "GateFailed":
+        if type(exc).__name__ not in ("GateFailed", "QAGateFailed"):
             raise
         print(f"GATE FAILED: {exc}", file=sys.stderr)
         return 3
@@ -132,6 +133,12 @@ def _dispatch(args: argparse.Namespace) -> int:
         result = gate.run(cfg, run_id=run_id)
         print(result.to_json())
         gate.check(result)
+    if args.cmd in ("labelqa", "run"):
+        from pipeline import labelqa
+
+        result = labelqa.run(cfg, run_id=run_id)
+        print(result.to_json())
+        labelqa.check(result)
     if args.cmd == "run":
         runs.write_summary(runs.save_run_config(cfg, run_id), run_id)
         print(runs.latest_summary(cfg.lake), end="")

@@ -111,6 +111,46 @@ class ValidationConfig(_Section):
     min_rows: int = Field(1, ge=0)
 
 
+class LabelQAConfig(_Section):
+    # Consensus label per item: Dawid-Skene EM (annotators weighed by estimated
+    # reliability) or plain majority vote (ties: the most accurate annotator's label).
+    consensus: Literal["dawid_skene", "majority"] = "dawid_skene"
+    # Folds of the cross-validated TF-IDF + logistic regression that gives the
+    # out-of-sample probabilities confident learning needs.
+    cv_folds: int = Field(5, ge=2, le=20)
+    max_features: int = Field(200_000, ge=1000)
+    max_iter: int = Field(15, ge=1)  # saga epochs (see labelqa.oof_probabilities)
+    # An item is a suspect when the posterior of its consensus label (model prior x
+    # annotator likelihood) is below this, or cleanlab flags it. 0.9 was the best
+    # precision/recall trade-off on builder data at 5% and 10% noise (docs/BENCHMARKS.md).
+    min_label_quality: float = Field(0.9, gt=0.0, le=1.0)
+    # What the curated training set does with suspects: drop them, take the suggested
+    # label, or keep them with `downweight` as sample weight.
+    suspects: Literal["exclude", "relabel", "downweight"] = "exclude"
+    downweight: float = Field(0.2, ge=0.0, le=1.0)
+    # train / val / test shares of the stratified split (whole dedup clusters at a time).
+    split: tuple[float, float, float] = (0.8, 0.1, 0.1)
+    seed: int = 42
+    # Gate (DAG params override): Krippendorff's alpha at least this (skipped, with a
+    # note, when there is only one annotation per item), suspects at most this share.
+    min_alpha: float = Field(0.8, ge=-1.0, le=1.0)
+    max_suspect_rate: float = Field(0.05, ge=0.0, le=1.0)
+
+    @field_validator("split")
+    @classmethod
+    def _shares(cls, v: tuple[float, float, float]) -> tuple[float, float, float]:
+        if min(v) < 0 or abs(sum(v) - 1.0) > 1e-6 or v[0] <= 0:
+            raise ValueError(f"labelqa.split must be three non-negative shares summing to 1 with train > 0, not {v}")
+        return v
+
+
+class TrackingConfig(_Section):
+    # MLflow tracking server; MLFLOW_TRACKING_URI in the environment wins. Empty: a local
+    # SQLite store under var/mlflow (what `make mlflow` serves).
+    uri: str = ""
+    data_quality_experiment: str = "intentops-data-quality"
+
+
 class SparkConfig(_Section):
     # Used when a job runs outside spark-submit (tests, `intentops clean`). Under Airflow the
     # master comes from the spark_default connection.
@@ -127,6 +167,8 @@ class PipelineConfig(_Section):
     dedup: DedupConfig = Field(default_factory=DedupConfig)
     desensitize: DesensitizeConfig = Field(default_factory=DesensitizeConfig)
     validation: ValidationConfig = Field(default_factory=ValidationConfig)
+    labelqa: LabelQAConfig = Field(default_factory=LabelQAConfig)
+    tracking: TrackingConfig = Field(default_factory=TrackingConfig)
     spark: SparkConfig = Field(default_factory=SparkConfig)
 
     @field_validator("lake_root")

@@ -205,3 +205,62 @@ def pii_scores(
         "decoys": decoys,
         "decoys_flagged": decoys_flagged,
     }
+
+
+def labelqa_scores(ground_truth: str | Path, labelqa_dir: str | Path) -> dict[str, Any]:
+    """Score the label-QA stage against the builder's true labels.
+
+    * relabel queue: an item *needs relabeling* when its consensus label is not its true
+      label (the error would otherwise reach training) or it has no valid label at all;
+      precision and recall of the queue against that;
+    * exported-label errors: items whose exported label (the label column) is wrong, and
+      whether the stage's suggested label differs from it (the classic label-error task);
+    * accuracy of the consensus labels and of the curated training labels.
+    """
+    from pipeline.textnorm import normalize_label
+
+    gt = pd.read_parquet(Path(ground_truth) / "rows.parquet", columns=["ticket_id", "true_label"])
+    true = gt.set_index("ticket_id").true_label.map(normalize_label)
+    cur = pd.read_parquet(Path(labelqa_dir) / "curated")
+    queue = pd.read_csv(Path(labelqa_dir) / "relabel_queue.csv", dtype={"record_id": str})
+    import json
+
+    m = json.loads((Path(labelqa_dir) / "metrics.json").read_text())
+    # Every item is either curated or (excluded as a suspect) in the queue; rebuild the
+    # per-item view from both.
+    items = pd.concat([
+        cur[["record_id", "consensus_label", "given_label"]],
+        queue[["record_id", "consensus_label", "given_label"]],
+    ]).drop_duplicates("record_id").set_index("record_id")
+    t = true.reindex(items.index)
+    needs = items.consensus_label.isna() | (items.consensus_label != t)
+    queued = items.index.isin(queue.record_id)
+    tp = int((needs & queued).sum())
+    suggested = queue.set_index("record_id").suggested_label.reindex(items.index)
+    exported_wrong = items.given_label.notna() & (items.given_label != t)
+    flagged_export = items.given_label.notna() & (
+        (items.given_label != items.consensus_label) | (queued & (suggested != items.given_label))
+    )
+    tp2 = int((exported_wrong & flagged_export).sum())
+    return {
+        "items": int(len(items)),
+        "queue": {
+            "queued": int(queued.sum()),
+            "needs_relabeling": int(needs.sum()),
+            "true_positives": tp,
+            "precision": _ratio(tp, int(queued.sum())),
+            "recall": _ratio(tp, int(needs.sum())),
+        },
+        "exported_label_errors": {
+            "wrong": int(exported_wrong.sum()),
+            "flagged": int(flagged_export.sum()),
+            "precision": _ratio(tp2, int(flagged_export.sum())),
+            "recall": _ratio(tp2, int(exported_wrong.sum())),
+        },
+        "consensus_accuracy": _ratio(int((items.consensus_label == t).sum()), len(items)),
+        "exported_label_accuracy": _ratio(int((items.given_label == t).sum()), len(items)),
+        "curated_label_accuracy": _ratio(
+            int((cur.label.to_numpy() == true.reindex(cur.record_id).to_numpy()).sum()), len(cur)
+        ),
+        "suspect_rate": m["suspect_rate"],
+    }

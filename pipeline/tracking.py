@@ -1,0 +1,87 @@
+"""MLflow plumbing shared by the stages that log to it.
+
+The tracking URI is ``MLFLOW_TRACKING_URI`` when set, else ``tracking.uri`` from the
+config, else a local SQLite store under ``var/mlflow`` (what ``make mlflow`` serves with
+the UI). Runs are found again by a tag holding the stage's content key, so a retried or
+re-run task updates the run it already made instead of adding a second one.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from pipeline.config import PipelineConfig
+
+STAGE_KEY_TAG = "intentops.stage_key"
+
+
+def tracking_uri(cfg: PipelineConfig) -> str:
+    uri = os.environ.get("MLFLOW_TRACKING_URI") or cfg.tracking.uri
+    if uri:
+        return uri
+    root = cfg.resolve_path("var/mlflow")
+    Path(root).mkdir(parents=True, exist_ok=True)
+    return f"sqlite:///{Path(root) / 'mlflow.db'}"
+
+
+def _client(cfg: PipelineConfig):
+    from mlflow.tracking import MlflowClient
+
+    return MlflowClient(tracking_uri=tracking_uri(cfg))
+
+
+def experiment_id(cfg: PipelineConfig, name: str) -> str:
+    client = _client(cfg)
+    exp = client.get_experiment_by_name(name)
+    if exp is not None:
+        return exp.experiment_id
+    uri = tracking_uri(cfg)
+    kwargs: dict[str, Any] = {}
+    if uri.startswith("sqlite:"):
+        # A local store keeps its artifacts beside the database, not in the working dir.
+        kwargs["artifact_location"] = (Path(uri.removeprefix("sqlite:///")).parent / "artifacts").as_uri()
+    try:
+        return client.create_experiment(name, **kwargs)
+    except Exception:  # created concurrently by another task
+        exp = client.get_experiment_by_name(name)
+        if exp is None:
+            raise
+        return exp.experiment_id
+
+
+def log_stage_run(
+    cfg: PipelineConfig,
+    experiment: str,
+    stage_key: str,
+    run_name: str,
+    params: dict[str, Any],
+    metrics: dict[str, float],
+    tags: dict[str, str],
+    artifacts: list[Path],
+) -> dict[str, str]:
+    """Create (or find again by ``stage_key``) an MLflow run and log into it."""
+    client = _client(cfg)
+    exp_id = experiment_id(cfg, experiment)
+    found = client.search_runs([exp_id], filter_string=f"tags.`{STAGE_KEY_TAG}` = '{stage_key}'",
+                               max_results=1)
+    run = found[0] if found else client.create_run(exp_id, run_name=run_name,
+                                                   tags={STAGE_KEY_TAG: stage_key})
+    rid = run.info.run_id
+    import time
+
+    from mlflow.entities import Metric, Param, RunTag
+
+    now = int(time.time() * 1000)
+    existing = set(run.data.params) if found else set()
+    client.log_batch(
+        rid,
+        metrics=[Metric(k, float(v), now, 0) for k, v in metrics.items() if v is not None],
+        params=[Param(k, str(v)[:6000]) for k, v in params.items() if k not in existing],
+        tags=[RunTag(k, str(v)) for k, v in tags.items()],
+    )
+    for path in artifacts:
+        client.log_artifact(rid, str(path))
+    client.set_terminated(rid, "FINISHED")
+    return {"run_id": rid, "experiment_id": exp_id, "experiment": experiment}
