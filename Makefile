@@ -17,7 +17,7 @@ export AIRFLOW_CONN_SPARK_DEFAULT ?= {"conn_type": "spark", "host": "local[*]"}
 export PYSPARK_PYTHON := $(BIN)/python
 export SPARK_LOCAL_IP ?= 127.0.0.1
 
-.PHONY: demo test venv lint bench clean-var
+.PHONY: demo test venv lint bench mlflow clean-var
 
 # Run the whole pipeline on the bundled demo data, through Airflow.
 demo: $(VENV)/.installed
@@ -41,6 +41,14 @@ bench: $(VENV)/.installed
 	$(BIN)/pip install -q -c constraints.txt -e '.[dev,bench]'
 	$(BIN)/python benchmarks/data_stages.py --stages clean dedup desensitize
 	$(BIN)/python benchmarks/pii_presidio.py --raw var/bench/raw-1000000 --sample 4000
+	$(BIN)/python benchmarks/labelqa.py
+
+# The MLflow UI over the local store the stages log to (when MLFLOW_TRACKING_URI is unset).
+mlflow: $(VENV)/.installed
+	mkdir -p var/mlflow/artifacts
+	$(BIN)/mlflow server --host 127.0.0.1 --port 5000 \
+	  --backend-store-uri sqlite:///$(CURDIR)/var/mlflow/mlflow.db \
+	  --artifacts-destination $(CURDIR)/var/mlflow/artifacts
 
 venv: $(VENV)/.installed
 

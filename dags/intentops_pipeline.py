@@ -12,11 +12,14 @@ and a rerun with the same input and settings is a cache hit that does no work.
 | `dedup` | Spark: exact duplicates on the normalized key, then near-duplicates by MinHash LSH; one survivor per cluster, clusters with disagreeing labels flagged |
 | `desensitize` | Spark: detects personal data (names, emails, phones, cards, IBANs, SSNs, PRC IDs, addresses, IPs) and masks it with typed placeholders or keyed pseudonyms; nothing downstream sees raw PII |
 | `validate` | Great Expectations gate on the desensitized data: schema, nulls, label set, length, residual PII, duplicate rate, row accounting; fails with a readable summary, Data Docs kept in the lake |
+| `labelqa` | label QA on the desensitized data: annotator agreement (Cohen, Fleiss, Krippendorff), Dawid-Skene consensus, confident learning (cleanlab) on cross-validated TF-IDF + logistic regression; publishes the curated train/val/test set, the relabel queue (CSV, Label Studio JSON) and an HTML report, logs to the MLflow experiment `intentops-data-quality`; fails below the quality bar, leaving the report and queue in place |
 | `summary` | rows in, kept, quarantined by reason, duplicates merged, PII by type, gate result and time, per stage |
 
 **Params** (the trigger form): `input_path` and `input_format` of the raw export,
 `min_chars` / `max_chars` length bounds, the near-duplicate `dedup_threshold`, the
-masking mode `pii_mode`, and the gate's `max_duplicate_rate` / `max_residual_pii_rate`.
+masking mode `pii_mode`, the gate's `max_duplicate_rate` / `max_residual_pii_rate`, and
+the label-QA bar `min_label_alpha` / `max_suspect_rate` with `label_suspects` (what the
+curated set does with suspects).
 Paths relative to the project root are fine.
 
 **Pseudonym mode** reads its HMAC key from the Airflow connection `intentops_pseudonym`
@@ -143,6 +146,21 @@ def spark_stage(task_id: str, cls: type[SparkSubmitOperator] = SparkSubmitOperat
             0.0, type="number", minimum=0, maximum=1,
             description="Gate: largest share of rows still matching a PII pattern after masking.",
         ),
+        "min_label_alpha": Param(
+            0.8, type="number", minimum=-1, maximum=1,
+            description="Label QA gate: smallest Krippendorff's alpha of the annotators "
+            "(skipped when every item has one annotation).",
+        ),
+        "max_suspect_rate": Param(
+            0.05, type="number", minimum=0, maximum=1,
+            description="Label QA gate: largest share of items whose label is suspect (the relabel queue).",
+        ),
+        "label_suspects": Param(
+            "exclude",
+            enum=["exclude", "relabel", "downweight"],
+            description="What the curated training set does with suspect labels: leave them out, "
+            "take the suggested label, or keep them with a low sample weight.",
+        ),
     },
 )
 def intentops_pipeline():
@@ -162,6 +180,9 @@ def intentops_pipeline():
                 "desensitize.mode": params.get("pii_mode"),
                 "validation.max_duplicate_rate": params.get("max_duplicate_rate"),
                 "validation.max_residual_pii_rate": params.get("max_residual_pii_rate"),
+                "labelqa.min_alpha": params.get("min_label_alpha"),
+                "labelqa.max_suspect_rate": params.get("max_suspect_rate"),
+                "labelqa.suspects": params.get("label_suspects"),
             },
         )
 
@@ -185,6 +206,26 @@ def intentops_pipeline():
         return result.path
 
     @task
+    def labelqa(config_path: str, run_id: str) -> str:
+        """Label QA. Like the validation gate, the stage publishes its outputs first and
+        then fails the task at once (AirflowFailException, no retries) when label quality
+        is below the bar; the report and the relabel queue stay in the lake for people to
+        act on (path in the log and the error)."""
+        from airflow.sdk.exceptions import AirflowFailException
+
+        from pipeline import labelqa as qa
+        from pipeline.runs import load_run_config
+
+        result = qa.run(load_run_config(config_path), run_id)
+        print(f"label QA report, relabel queue and curated set: {result.path}")
+        print(f"MLflow data-quality run: {result.manifest['stats'].get('mlflow_run_id')}")
+        try:
+            qa.check(result)
+        except qa.QAGateFailed as exc:
+            raise AirflowFailException(str(exc)) from None
+        return result.path
+
+    @task
     def summary(config_path: str, run_id: str) -> str:
         """Per-stage summary of the run, logged and saved beside the run's pointers."""
         from pipeline.runs import write_summary
@@ -196,7 +237,8 @@ def intentops_pipeline():
     dedup = spark_stage("dedup")
     desensitize = spark_stage("desensitize", DesensitizeSubmitOperator)
     gate = validate(config_path)
-    config_path >> clean >> dedup >> desensitize >> gate >> summary(config_path)
+    qa = labelqa(config_path)
+    config_path >> clean >> dedup >> desensitize >> gate >> qa >> summary(config_path)
 
 
 intentops_pipeline()

@@ -22,8 +22,9 @@ The method, in order:
    consensus, wrong uniformly otherwise), so a message that reliable annotators agree on
    is not flagged because the classifier hesitates, while a single annotation the model
    confidently rejects is. The label quality is the posterior of the consensus label.
-6. **Suspects**: no valid label, or cleanlab flags the item, or label quality below
-   ``min_label_quality``. The score is ``1 - label quality`` (the probability that the
+6. **Suspects**: no valid label, or label quality below ``min_label_quality``, or
+   cleanlab flags an item with a single annotation (with several, the posterior weighs
+   cleanlab's model against the annotators; its flags are kept in ``cleanlab_issue``). The score is ``1 - label quality`` (the probability that the
    consensus label is wrong); the suggested label is the posterior's argmax. Dedup
    clusters that merged messages with disagreeing labels are marked in the queue and
    counted in the report.
@@ -251,12 +252,18 @@ def analyze(items: pd.DataFrame, classes: list[str], cfg: LabelQAConfig) -> Anal
     quality = np.where(has_ann, post[np.arange(n), np.maximum(cons, 0)], np.nan)
     suggested = np.where(has_ann | has_model, post.argmax(1), -1)
     low = has_ann & (quality < cfg.min_label_quality)
+    n_ann = np.bincount(ann["item"], minlength=n) if len(ann) else np.zeros(n, dtype=np.int64)
+    # cleanlab alone decides only where there is a single annotation to weigh: with
+    # several, its flags on items the annotators agree on were ~99% false positives on a
+    # 5,000-item build (a classifier with 65 examples per class hesitates a lot), while
+    # the posterior already folds the model in (docs/BENCHMARKS.md, label QA).
+    cl_alone = cl & (n_ann <= 1)
     reasons = np.full(n, None, dtype=object)
+    reasons[cl_alone] = "confident learning (cleanlab) flags the only annotation"
     reasons[low] = "low label quality (annotators and model disagree with the consensus)"
-    reasons[cl & ~low] = "confident learning (cleanlab) flags the consensus label"
-    reasons[cl & low] = "low label quality; confident learning (cleanlab) flags it too"
+    reasons[low & cl] = "low label quality; confident learning (cleanlab) flags it too"
     reasons[~has_ann] = "no valid label"
-    suspect = ~has_ann | cl | low
+    suspect = ~has_ann | low | cl_alone
     c_arr = np.asarray(classes + [None], dtype=object)  # index -1 -> None
     items["consensus"] = c_arr[cons]
     items["suggested"] = c_arr[suggested]
@@ -267,7 +274,7 @@ def analyze(items: pd.DataFrame, classes: list[str], cfg: LabelQAConfig) -> Anal
     # Score for ranking the queue: the probability that the consensus label is wrong.
     items["score"] = np.where(has_ann, 1.0 - np.nan_to_num(quality), 1.0)
     items["reason"] = reasons
-    items["n_annotations"] = np.bincount(ann["item"], minlength=n) if len(ann) else 0
+    items["n_annotations"] = n_ann
     info |= {
         "classes_too_small_for_cv": [classes[c] for c in small],
         "items_without_model_check": int((~has_model).sum()),

@@ -18,7 +18,7 @@ from pipeline.stage import StageError, StageResult, atomic_write_text, run_dir, 
 log = logging.getLogger(__name__)
 
 # Stages in pipeline order; later issues append to it.
-STAGES = ("clean", "dedup", "desensitize", "validate")
+STAGES = ("clean", "dedup", "desensitize", "validate", "labelqa")
 
 
 def save_run_config(cfg: PipelineConfig, run_id: str) -> str:
@@ -53,8 +53,13 @@ def stage_row(result: StageResult) -> dict[str, Any]:
         "seconds": result.manifest.get("timings", {}).get("seconds"),
         "pii_entities": stats.get("entities", {}),
         "rows_with_pii": stats.get("rows_with_pii"),
-        "gate_success": stats.get("success"),
+        "gate_success": stats.get("success", stats.get("gate_passed")),
         "failed_expectations": stats.get("failed_expectations"),
+        "suspects": stats.get("suspects"),
+        "suspect_rate": stats.get("suspect_rate"),
+        "krippendorff_alpha": stats.get("krippendorff_alpha"),
+        "curated_by_split": stats.get("curated_by_split"),
+        "mlflow_run_id": stats.get("mlflow_run_id"),
         "cache_hit": result.cache_hit,
         "output": result.path,
     }
@@ -88,7 +93,13 @@ def render(rows: list[dict[str, Any]], run_id: str) -> str:
         if r.get("pii_entities"):
             found = ", ".join(f"{k} {v:,}" for k, v in sorted(r["pii_entities"].items()))
             lines.append(f"{r['stage']}: {r['rows_with_pii']:,} rows with PII; masked {found}")
-        if r.get("gate_success") is not None:
+        if r.get("suspects") is not None:
+            lines.append(
+                f"{r['stage']}: {r['suspects']:,} suspect labels ({r['suspect_rate']:.2%}) in the relabel "
+                f"queue; alpha {r['krippendorff_alpha']}; curated {r['curated_by_split']}; "
+                f"report {r['output']}/qa_report.html; MLflow run {r['mlflow_run_id']}"
+            )
+        elif r.get("gate_success") is not None:
             verdict = "passed" if r["gate_success"] else f"FAILED ({r['failed_expectations']} expectations)"
             lines.append(f"{r['stage']}: gate {verdict}; Data Docs {r['output']}/data_docs/index.html")
     return "\n".join(lines)

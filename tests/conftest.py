@@ -40,3 +40,49 @@ def project_env() -> dict[str, str]:
         PYTHONPATH=str(ROOT),
     )
     return env
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="session")
+def mlflow_server(tmp_path_factory, project_env):
+    """A real MLflow tracking server (SQLite backend, proxied local artifact store) for
+    the session; yields its URI."""
+    import subprocess
+    import time
+    import urllib.request
+
+    base = tmp_path_factory.mktemp("mlflow")
+    port = _free_port()
+    log = (base / "server.log").open("w")
+    proc = subprocess.Popen(
+        [str(Path(sys.executable).parent / "mlflow"), "server", "--host", "127.0.0.1",
+         "--port", str(port), "--backend-store-uri", f"sqlite:///{base / 'mlflow.db'}",
+         "--artifacts-destination", str(base / "artifacts"), "--workers", "1"],
+        env=project_env, stdout=log, stderr=subprocess.STDOUT,
+    )
+    uri = f"http://127.0.0.1:{port}"
+    deadline = time.time() + 120
+    while True:
+        try:
+            with urllib.request.urlopen(f"{uri}/health", timeout=2) as r:
+                if r.status == 200:
+                    break
+        except OSError:
+            pass
+        if proc.poll() is not None or time.time() > deadline:
+            proc.kill()
+            raise RuntimeError("mlflow server did not start: " + (base / "server.log").read_text()[-3000:])
+        time.sleep(0.5)
+    yield uri
+    proc.terminate()
+    try:
+        proc.wait(timeout=20)
+    except subprocess.TimeoutExpired:
+        proc.kill()

@@ -20,7 +20,7 @@ ROWS = 4000
 
 
 @pytest.fixture(scope="module")
-def airflow_env(tmp_path_factory, project_env):
+def airflow_env(tmp_path_factory, project_env, mlflow_server):
     base = tmp_path_factory.mktemp("e2e")
     env = dict(project_env)
     env.update(
@@ -30,6 +30,7 @@ def airflow_env(tmp_path_factory, project_env):
         AIRFLOW_CONN_SPARK_DEFAULT='{"conn_type": "spark", "host": "local[2]"}',
         INTENTOPS__LAKE_ROOT=str(base / "lake"),
         INTENTOPS_SPARK_DRIVER_MEMORY="2g",
+        MLFLOW_TRACKING_URI=mlflow_server,
     )
     raw = base / "raw"
     subprocess.run([sys.executable, "-m", "pipeline.rawdata", "--out", str(raw), "--rows", str(ROWS),
@@ -74,6 +75,35 @@ def test_dag_run_accounts_for_every_row(first_run, airflow_env):
     assert s["rows_with_pii"] > 0 and s["pii_entities"].get("EMAIL", 0) > 0
     assert v["gate_success"] is True and v["failed_expectations"] == 0
     assert (Path(v["output"]) / "data_docs" / "index.html").exists()
+    q = stages["labelqa"]
+    assert q["rows_in"] == s["kept"]
+    assert q["gate_success"] is True and 0 < q["suspects"] < q["rows_in"]
+    assert q["kept"] == q["rows_in"] - q["suspects"]  # suspects excluded (the default)
+    out = Path(q["output"])
+    for f in ("qa_report.html", "relabel_queue.csv", "relabel_queue.json", "curated"):
+        assert (out / f).exists(), f
+
+
+def test_label_qa_run_is_in_mlflow_and_the_curated_split_is_whole(first_run, airflow_env):
+    from mlflow.tracking import MlflowClient
+
+    env, base, raw = airflow_env
+    run_name, summary = first_run
+    q = {s["stage"]: s for s in summary["stages"]}["labelqa"]
+    client = MlflowClient(env["MLFLOW_TRACKING_URI"])
+    run = client.get_run(q["mlflow_run_id"])
+    assert stage.safe_run_id(run.data.tags["intentops.pipeline_run_id"]) == run_name
+    assert run.data.metrics["suspects"] == q["suspects"]
+    assert "qa_report.html" in {a.path for a in client.list_artifacts(run.info.run_id)}
+    cur = pd.read_parquet(Path(q["output"]) / "curated")
+    assert set(cur.split) == {"train", "val", "test"}
+    assert cur.record_id.is_unique
+    # Planted label errors: the curated labels are more often right than the exported ones.
+    gt = pd.read_parquet(raw / "ground_truth" / "rows.parquet").set_index("ticket_id")
+    from pipeline.textnorm import normalize_label
+
+    true = gt.true_label.map(normalize_label).reindex(cur.record_id).to_numpy()
+    assert (cur.label.to_numpy() == true).mean() > (cur.given_label.to_numpy() == true).mean()
 
 
 def test_no_planted_personal_data_downstream_of_desensitize(first_run, airflow_env):
