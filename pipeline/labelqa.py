@@ -275,6 +275,8 @@ def analyze(items: pd.DataFrame, classes: list[str], cfg: LabelQAConfig) -> Anal
     items["score"] = np.where(has_ann, 1.0 - np.nan_to_num(quality), 1.0)
     items["reason"] = reasons
     items["n_annotations"] = n_ann
+    # Share of the item's annotation pairs that agree (NaN with a single annotation).
+    items["item_agreement"] = agreement.item_agreement(agreement.count_matrix(ann, n, classes))
     info |= {
         "classes_too_small_for_cv": [classes[c] for c in small],
         "items_without_model_check": int((~has_model).sum()),
@@ -330,6 +332,8 @@ def curated(a: Analysis, cfg: LabelQAConfig) -> pd.DataFrame:
         "record_id": d.record_id, "text": d.text, "label": label, "weight": weight,
         "consensus_label": d.consensus, "given_label": d.given, "suspect": d.suspect,
         "label_quality": d.label_quality,
+        "item_agreement": d.item_agreement,
+        "n_annotations": d.n_annotations,
         "cluster_id": d.get("cluster_id", d.record_id),
     })[keep].reset_index(drop=True)
     out["split"] = split_groups(out.label, out.cluster_id, cfg.split, cfg.seed)
@@ -351,6 +355,7 @@ def relabel_queue(a: Analysis) -> pd.DataFrame:
         "given_label": d.given.to_numpy(),
         "annotations": [_annotation_text(x) for x in d.annotations],
         "consensus_label": d.consensus.to_numpy(),
+        "item_agreement": d.item_agreement.round(4).to_numpy(),
         "suggested_label": d.suggested.to_numpy(),
         "score": d.score.round(6).to_numpy(),
         "reason": d.reason.to_numpy(),

@@ -178,6 +178,7 @@ def test_no_valid_label_goes_to_the_queue_and_a_tiny_class_is_reported():
     a = labelqa.analyze(items, CLASSES, LabelQAConfig())
     row = a.items.set_index("record_id").loc["r80"]
     assert row.suspect and row.reason == "no valid label" and row.consensus is None
+    assert np.isnan(row.item_agreement)
     assert a.info["classes_too_small_for_cv"] == ["exchange_rate"]
     assert a.info["invalid_annotations_dropped"] == 1
     cur = labelqa.curated(a, LabelQAConfig(suspects="relabel"))
@@ -256,3 +257,13 @@ def test_stage_gate_failure_keeps_report_and_queue(tmp_path, mlflow_server, monk
     assert (tmp_path / "lake" / "labelqa" / res.key / "qa_report.html").exists()
     assert len(pd.read_csv(f"{res.path}/relabel_queue.csv")) == res.manifest["stats"]["suspects"]
     assert "FAILED" in (tmp_path / "lake" / "labelqa" / res.key / "qa_report.html").read_text()
+
+
+def test_per_item_agreement_is_published(noisy):
+    _, _, a = noisy
+    cur = labelqa.curated(a, LabelQAConfig())
+    multi = cur[cur.n_annotations >= 2]
+    assert len(multi) and multi.item_agreement.between(0, 1).all()
+    assert cur[cur.n_annotations == 1].item_agreement.isna().all()
+    # Three annotators agreeing -> 1.0; two of three -> 1/3.
+    assert set(multi[multi.n_annotations == 3].item_agreement.round(4)) <= {1.0, 0.3333, 0.0}

@@ -1,0 +1,186 @@
+"""Gated, idempotent registration in the MLflow model registry, with an alias history.
+
+* **Gate.** A trained model becomes a new version with the alias ``challenger`` only when
+  it passes the behavioural checks and beats the current ``champion`` on the configured
+  metric by ``margin`` (or there is no champion yet). Otherwise the training run is
+  tagged ``intentops.registration = rejected`` with the reason, and nothing is registered.
+* **Idempotent.** Each registered version carries the run fingerprint (training run id +
+  data and config fingerprints) as a tag; a retried or re-run task finds that version
+  and reuses it instead of creating a second one.
+* **Serialized.** The registry numbers versions by reading the highest one, so two
+  concurrent writers can collide. Registrations hold an exclusive file lock (one host;
+  the DAG additionally runs the task in an Airflow pool of size 1, which covers workers
+  on several hosts).
+* **Alias history.** Every alias move is recorded as a registered-model tag
+  ``intentops.alias_history.<ms timestamp>`` = JSON {alias, version, previous, reason,
+  at}, so anyone can see which version was champion when (MLflow keeps only the current
+  alias target).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+FINGERPRINT_TAG = "intentops.run_fingerprint"
+HISTORY_PREFIX = "intentops.alias_history."
+REGISTRATION_TAG = "intentops.registration"
+REASON_TAG = "intentops.registration_reason"
+
+
+@dataclass
+class Decision:
+    register: bool
+    reason: str
+    champion_version: str | None
+    champion_value: float | None
+
+
+@contextlib.contextmanager
+def registry_lock(path: str | Path) -> Iterator[None]:
+    """Exclusive lock around read-highest-version-then-create (see the module docstring)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("a") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
+
+
+def champion(client, name: str, metric: str) -> tuple[str | None, float | None]:
+    """(version, metric value of its training run) of the ``champion`` alias, if any."""
+    from mlflow.exceptions import MlflowException
+
+    try:
+        mv = client.get_model_version_by_alias(name, "champion")
+    except MlflowException:
+        return None, None
+    value = None
+    if mv.run_id:
+        value = client.get_run(mv.run_id).data.metrics.get(metric)
+    return mv.version, value
+
+
+def decide(metrics: dict[str, float], checks: dict[str, Any], champ_version: str | None,
+           champ_value: float | None, metric: str, margin: float) -> Decision:
+    failed = [c["name"] for c in checks.get("checks", []) if not c["passed"]]
+    if failed:
+        return Decision(False, "behavioural checks failed: " + ", ".join(failed), champ_version, champ_value)
+    value = metrics.get(metric)
+    if value is None:
+        return Decision(False, f"the run has no {metric} metric", champ_version, champ_value)
+    if champ_version is None:
+        return Decision(True, f"no champion yet; {metric} {value:.4f}", None, None)
+    if champ_value is None:
+        return Decision(True, f"champion v{champ_version} has no {metric}; {metric} {value:.4f}",
+                        champ_version, None)
+    if value >= champ_value + margin:
+        return Decision(True, f"{metric} {value:.4f} beats champion v{champ_version} ({champ_value:.4f}) "
+                              f"by at least {margin}", champ_version, champ_value)
+    return Decision(False, f"{metric} {value:.4f} does not beat champion v{champ_version} "
+                           f"({champ_value:.4f}) by {margin}", champ_version, champ_value)
+
+
+def find_version(client, name: str, fingerprint: str):
+    from mlflow.exceptions import MlflowException
+
+    try:
+        versions = client.search_model_versions(f"name='{name}'")
+    except MlflowException:
+        return None
+    for v in versions:
+        if v.tags.get(FINGERPRINT_TAG) == fingerprint:
+            return v
+    return None
+
+
+def move_alias(client, name: str, alias: str, version: str, reason: str) -> None:
+    """Point ``alias`` at ``version`` and record the move in the model's tag history."""
+    from mlflow.exceptions import MlflowException
+
+    try:
+        previous = client.get_model_version_by_alias(name, alias).version
+    except MlflowException:
+        previous = None
+    if previous == str(version):
+        return
+    client.set_registered_model_alias(name, alias, str(version))
+    now = time.time()
+    entry = {"alias": alias, "version": str(version), "previous": previous, "reason": reason,
+             "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(now))}
+    client.set_registered_model_tag(name, f"{HISTORY_PREFIX}{int(now * 1000)}", json.dumps(entry))
+
+
+def alias_history(client, name: str) -> list[dict[str, Any]]:
+    rm = client.get_registered_model(name)
+    items = sorted((k, v) for k, v in rm.tags.items() if k.startswith(HISTORY_PREFIX))
+    return [json.loads(v) for _, v in items]
+
+
+def _wait_ready(client, name: str, version: str, timeout: float = 120.0):
+    deadline = time.time() + timeout
+    while True:
+        mv = client.get_model_version(name, version)
+        if mv.status == "READY":
+            return mv
+        if mv.status == "FAILED_REGISTRATION" or time.time() > deadline:
+            raise RuntimeError(f"model version {name} v{version} is {mv.status}: {mv.status_message}")
+        time.sleep(0.5)
+
+
+def register_if_better(
+    client,
+    name: str,
+    model_uri: str,
+    run_id: str,
+    fingerprint: str,
+    metrics: dict[str, float],
+    checks: dict[str, Any],
+    metric: str,
+    margin: float,
+    lock_path: str | Path,
+) -> dict[str, Any]:
+    """Apply the gate; register (or find again) the version and move ``challenger``.
+
+    Returns {registered, version, reason, champion_version, champion_value}."""
+    with registry_lock(lock_path):
+        existing = find_version(client, name, fingerprint)
+        if existing is not None:
+            return {"registered": True, "version": existing.version, "reused": True,
+                    "reason": existing.tags.get(REASON_TAG, "registered earlier for this run"),
+                    "champion_version": None, "champion_value": None}
+        champ_version, champ_value = champion(client, name, metric)
+        d = decide(metrics, checks, champ_version, champ_value, metric, margin)
+        if not d.register:
+            client.set_tag(run_id, REGISTRATION_TAG, "rejected")
+            client.set_tag(run_id, REASON_TAG, d.reason)
+            return {"registered": False, "version": None, "reused": False, "reason": d.reason,
+                    "champion_version": d.champion_version, "champion_value": d.champion_value}
+        from mlflow.exceptions import MlflowException
+
+        try:
+            client.get_registered_model(name)
+        except MlflowException:
+            client.create_registered_model(
+                name, description="intentops intent classifier (Banking77 demo); aliases: "
+                                  "challenger = passed the registration gate, champion = serving")
+        mv = client.create_model_version(
+            name, source=model_uri, run_id=run_id,
+            tags={FINGERPRINT_TAG: fingerprint, REASON_TAG: d.reason,
+                  **{f"metric.{k}": f"{v:.6f}" for k, v in metrics.items()}},
+        )
+        _wait_ready(client, name, mv.version)
+        move_alias(client, name, "challenger", mv.version, d.reason)
+        client.set_tag(run_id, REGISTRATION_TAG, "registered")
+        client.set_tag(run_id, REASON_TAG, d.reason)
+        client.set_tag(run_id, "intentops.model_version", mv.version)
+        return {"registered": True, "version": mv.version, "reused": False, "reason": d.reason,
+                "champion_version": d.champion_version, "champion_value": d.champion_value}
