@@ -267,3 +267,18 @@ def test_per_item_agreement_is_published(noisy):
     assert cur[cur.n_annotations == 1].item_agreement.isna().all()
     # Three annotators agreeing -> 1.0; two of three -> 1/3.
     assert set(multi[multi.n_annotations == 3].item_agreement.round(4)) <= {1.0, 0.3333, 0.0}
+
+
+def test_dedup_label_conflicts_add_the_copies_label_as_a_vote():
+    items = pd.DataFrame({
+        "record_id": ["s1", "s2"], "text": ["where is my card", "my card is lost"],
+        "label": ["card_arrival", "lost_or_stolen_card"],
+        "annotations": [[{"annotator": "a1", "label": "card_arrival"}], None],
+        "cluster_labels": [["card_arrival", "card_delivery_estimate"], ["lost_or_stolen_card"]],
+        "label_conflict": [True, False],
+    }).assign(given=["card_arrival", "lost_or_stolen_card"])
+    ann, _ = labelqa.annotations_long(items, CLASSES)
+    ann, n = labelqa._dedup_votes(items, ann, CLASSES)
+    assert n == 1
+    extra = ann[ann.annotator == labelqa.DEDUP_ANNOTATOR]
+    assert extra[["item", "label"]].values.tolist() == [[0, "card_delivery_estimate"]]
