@@ -13,6 +13,8 @@ and a rerun with the same input and settings is a cache hit that does no work.
 | `desensitize` | Spark: detects personal data (names, emails, phones, cards, IBANs, SSNs, PRC IDs, addresses, IPs) and masks it with typed placeholders or keyed pseudonyms; nothing downstream sees raw PII |
 | `validate` | Great Expectations gate on the desensitized data: schema, nulls, label set, length, residual PII, duplicate rate, row accounting; fails with a readable summary, Data Docs kept in the lake |
 | `labelqa` | label QA on the desensitized data: annotator agreement (Cohen, Fleiss, Krippendorff), Dawid-Skene consensus, confident learning (cleanlab) on cross-validated TF-IDF + logistic regression; publishes the curated train/val/test set, the relabel queue (CSV, Label Studio JSON) and an HTML report, logs to the MLflow experiment `intentops-data-quality`; fails below the quality bar, leaving the report and queue in place |
+| `train` | `torchrun` process group (2 processes, gloo on CPU) fine-tuning the intent classifier on the curated split; checkpoints every N steps, a retry resumes; MLflow run in `intentops-training` with lineage tags back to every data stage and the QA record; the model logged as a pyfunc |
+| `register` | behavioural checks (PII-placeholder and casing invariance, minimum functionality), then the registry gate: a new version with alias `challenger` only when it beats the `champion` by the margin; otherwise the run is tagged rejected with the reason. Runs in the pool `intentops_registry` (one slot) |
 | `summary` | rows in, kept, quarantined by reason, duplicates merged, PII by type, gate result and time, per stage |
 
 **Params** (the trigger form): `input_path` and `input_format` of the raw export,
@@ -161,6 +163,24 @@ def spark_stage(task_id: str, cls: type[SparkSubmitOperator] = SparkSubmitOperat
             description="What the curated training set does with suspect labels: leave them out, "
             "take the suggested label, or keep them with a low sample weight.",
         ),
+        "model": Param(
+            "minilm", enum=["minilm", "small"],
+            description="minilm: fine-tune the pretrained MiniLM encoder (the demo default); "
+            "small: a small encoder from scratch (fast, for tests).",
+        ),
+        "epochs": Param(1, type="integer", minimum=1, maximum=50, description="Training epochs."),
+        "max_steps": Param(
+            None, type=["null", "integer"], minimum=1,
+            description="Training budget: stop after this many optimizer steps (empty: no cap).",
+        ),
+        "learning_rate": Param(
+            None, type=["null", "number"], exclusiveMinimum=0,
+            description="Peak learning rate (empty: the configured one, 1e-4 for MiniLM).",
+        ),
+        "registration_margin": Param(
+            0.0, type="number", minimum=0, maximum=1,
+            description="Register only when test accuracy beats the champion's by at least this.",
+        ),
     },
 )
 def intentops_pipeline():
@@ -183,7 +203,10 @@ def intentops_pipeline():
                 "labelqa.min_alpha": params.get("min_label_alpha"),
                 "labelqa.max_suspect_rate": params.get("max_suspect_rate"),
                 "labelqa.suspects": params.get("label_suspects"),
+                "training.margin": params.get("registration_margin"),
             },
+            training_hparams={"model": params.get("model"), "epochs": params.get("epochs"),
+                              "max_steps": params.get("max_steps"), "lr": params.get("learning_rate")},
         )
 
     @task
@@ -225,6 +248,32 @@ def intentops_pipeline():
             raise AirflowFailException(str(exc)) from None
         return result.path
 
+    @task(retries=2)
+    def train(config_path: str, run_id: str) -> str:
+        """torchrun process group; a retry resumes from the newest checkpoint."""
+        from pipeline.runs import load_run_config
+        from training import task as t
+
+        result = t.train(load_run_config(config_path), run_id)
+        s = result.manifest["stats"]
+        print(f"test accuracy {s.get('test_accuracy')}, MLflow run {s.get('mlflow_run_id')}, "
+              f"model {s.get('model_uri')}")
+        return result.path
+
+    @task(pool="intentops_registry")
+    def register(config_path: str, run_id: str) -> str:
+        """The registry gate. Serialized by the one-slot pool (and a file lock)."""
+        from pipeline.runs import load_run_config
+        from training import task as t
+
+        result = t.register(load_run_config(config_path), run_id)
+        s = result.manifest["stats"]
+        if s["registered"]:
+            print(f"registered {s['version']} as challenger: {s['reason']}")
+        else:
+            print(f"not registered (run tagged rejected): {s['reason']}")
+        return result.path
+
     @task
     def summary(config_path: str, run_id: str) -> str:
         """Per-stage summary of the run, logged and saved beside the run's pointers."""
@@ -238,7 +287,10 @@ def intentops_pipeline():
     desensitize = spark_stage("desensitize", DesensitizeSubmitOperator)
     gate = validate(config_path)
     qa = labelqa(config_path)
-    config_path >> clean >> dedup >> desensitize >> gate >> qa >> summary(config_path)
+    trained = train(config_path)
+    registered = register(config_path)
+    config_path >> clean >> dedup >> desensitize >> gate >> qa >> trained >> registered
+    registered >> summary(config_path)
 
 
 intentops_pipeline()

@@ -151,6 +151,31 @@ class TrackingConfig(_Section):
     data_quality_experiment: str = "intentops-data-quality"
 
 
+class TrainingConfig(_Section):
+    # torchrun process group: processes per node (2 = one per core here, gloo on CPU,
+    # nccl with CUDA), nodes, and for multi-node a c10d rendezvous endpoint (host:port).
+    nproc_per_node: int = Field(2, ge=1)
+    nnodes: int = Field(1, ge=1)
+    rdzv_endpoint: str = ""
+    # torchrun restarts the group this often after a worker dies; each restart (and each
+    # Airflow retry) resumes from the newest checkpoint.
+    max_restarts: int = Field(1, ge=0)
+    # Hyper-parameters for training.train.TrainConfig (validated there; unknown keys fail).
+    # The demo default fine-tunes the pretrained MiniLM for one epoch.
+    hparams: dict[str, Any] = Field(default_factory=lambda: {
+        "model": "minilm", "epochs": 1, "max_length": 64, "batch_size": 16, "lr": 1e-4,
+        "warmup_ratio": 0.06, "checkpoint_every_steps": 100})
+    experiment: str = "intentops-training"
+    registered_model: str = "intentops-intent-classifier"
+    # Registration gate: the challenger must pass the behavioural checks and beat the
+    # champion's `metric` by `margin`.
+    metric: Literal["test_accuracy", "test_macro_f1"] = "test_accuracy"
+    margin: float = Field(0.0, ge=0.0, le=1.0)
+    min_invariance: float = Field(0.95, ge=0.0, le=1.0)
+    min_functionality: float = Field(0.8, ge=0.0, le=1.0)
+    behaviour_sample: int = Field(500, ge=10)
+
+
 class SparkConfig(_Section):
     # Used when a job runs outside spark-submit (tests, `intentops clean`). Under Airflow the
     # master comes from the spark_default connection.
@@ -169,6 +194,7 @@ class PipelineConfig(_Section):
     validation: ValidationConfig = Field(default_factory=ValidationConfig)
     labelqa: LabelQAConfig = Field(default_factory=LabelQAConfig)
     tracking: TrackingConfig = Field(default_factory=TrackingConfig)
+    training: TrainingConfig = Field(default_factory=TrainingConfig)
     spark: SparkConfig = Field(default_factory=SparkConfig)
 
     @field_validator("lake_root")

@@ -253,7 +253,9 @@ def cleanlab_issues(labels: np.ndarray, probs: np.ndarray) -> np.ndarray:
     p = probs[np.ix_(rows, present)]
     p = np.clip(p, 1e-12, None)
     p /= p.sum(1, keepdims=True)
-    out[rows] = find_label_issues(remap[labels[rows]], p, filter_by="prune_by_noise_rate")
+    # n_jobs=1: cleanlab's multiprocessing pool can deadlock on exit inside a threaded host
+    # (it hung an Airflow task); one process is fast enough at this size.
+    out[rows] = find_label_issues(remap[labels[rows]], p, filter_by="prune_by_noise_rate", n_jobs=1)
     return out
 
 

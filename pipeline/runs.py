@@ -18,7 +18,7 @@ from pipeline.stage import StageError, StageResult, atomic_write_text, run_dir, 
 log = logging.getLogger(__name__)
 
 # Stages in pipeline order; later issues append to it.
-STAGES = ("clean", "dedup", "desensitize", "validate", "labelqa")
+STAGES = ("clean", "dedup", "desensitize", "validate", "labelqa", "train", "register")
 
 
 def save_run_config(cfg: PipelineConfig, run_id: str) -> str:
@@ -27,8 +27,14 @@ def save_run_config(cfg: PipelineConfig, run_id: str) -> str:
     return str(path)
 
 
-def resolve_run_config(run_id: str, overrides: dict[str, Any] | None = None) -> str:
+def resolve_run_config(run_id: str, overrides: dict[str, Any] | None = None,
+                       training_hparams: dict[str, Any] | None = None) -> str:
+    """Resolve and save the run's config. ``training_hparams`` (the DAG's training params)
+    are merged into ``training.hparams`` key by key, keeping the configured rest."""
     cfg = load_config(overrides={k: v for k, v in (overrides or {}).items() if v is not None})
+    if training_hparams:
+        merged = {**cfg.training.hparams, **{k: v for k, v in training_hparams.items() if v is not None}}
+        cfg.training.hparams = merged
     return save_run_config(cfg, run_id)
 
 
@@ -60,6 +66,12 @@ def stage_row(result: StageResult) -> dict[str, Any]:
         "krippendorff_alpha": stats.get("krippendorff_alpha"),
         "curated_by_split": stats.get("curated_by_split"),
         "mlflow_run_id": stats.get("mlflow_run_id"),
+        "test_accuracy": stats.get("test_accuracy"),
+        "test_macro_f1": stats.get("test_macro_f1"),
+        "train_samples_per_s": stats.get("train_samples_per_s"),
+        "registered": stats.get("registered"),
+        "model_version": stats.get("version"),
+        "registration_reason": stats.get("reason"),
         "cache_hit": result.cache_hit,
         "output": result.path,
     }
@@ -78,9 +90,12 @@ def render(rows: list[dict[str, Any]], run_id: str) -> str:
     head = f"{'stage':<11} {'rows in':>9} {'kept':>9} {'quarant.':>9} {'merged':>9} {'time s':>8}  cache"
     lines = [f"intentops run {run_id}", head, "-" * len(head)]
     for r in rows:
+        def n(v: Any) -> str:
+            return f"{v:>9,}" if isinstance(v, int) else f"{'-':>9}"
+
         lines.append(
-            f"{r['stage']:<11} {r['rows_in']:>9,} {r['kept']:>9,} {r['quarantined']:>9,} "
-            f"{r['merged']:>9,} {r['seconds']:>8.1f}  {'hit' if r['cache_hit'] else 'miss'}"
+            f"{r['stage']:<11} {n(r['rows_in'])} {n(r['kept'])} {n(r['quarantined'])} "
+            f"{n(r['merged'])} {r['seconds'] or 0:>8.1f}  {'hit' if r['cache_hit'] else 'miss'}"
         )
     for r in rows:
         if r["quarantine_by_reason"]:
@@ -99,6 +114,15 @@ def render(rows: list[dict[str, Any]], run_id: str) -> str:
                 f"queue; alpha {r['krippendorff_alpha']}; curated {r['curated_by_split']}; "
                 f"report {r['output']}/qa_report.html; MLflow run {r['mlflow_run_id']}"
             )
+        elif r.get("test_accuracy") is not None:
+            lines.append(
+                f"{r['stage']}: test accuracy {r['test_accuracy']:.4f}, macro-F1 {r['test_macro_f1']:.4f}, "
+                f"{(r['train_samples_per_s'] or 0):.1f} train samples/s; MLflow run {r['mlflow_run_id']}"
+            )
+        elif r.get("registered") is not None:
+            verdict = (f"registered as version {r['model_version']} (alias challenger)" if r["registered"]
+                       else "REJECTED")
+            lines.append(f"{r['stage']}: {verdict}: {r['registration_reason']}")
         elif r.get("gate_success") is not None:
             verdict = "passed" if r["gate_success"] else f"FAILED ({r['failed_expectations']} expectations)"
             lines.append(f"{r['stage']}: gate {verdict}; Data Docs {r['output']}/data_docs/index.html")

@@ -51,6 +51,19 @@ def experiment_id(cfg: PipelineConfig, name: str) -> str:
         return exp.experiment_id
 
 
+def find_or_create_run(cfg: PipelineConfig, experiment: str, stage_key: str, run_name: str,
+                       tags: dict[str, str] | None = None) -> str:
+    """The MLflow run of this stage output (found by its content key), created if absent."""
+    client = _client(cfg)
+    exp_id = experiment_id(cfg, experiment)
+    found = client.search_runs([exp_id], filter_string=f"tags.`{STAGE_KEY_TAG}` = '{stage_key}'",
+                               max_results=1)
+    if found:
+        return found[0].info.run_id
+    run = client.create_run(exp_id, run_name=run_name, tags={STAGE_KEY_TAG: stage_key, **(tags or {})})
+    return run.info.run_id
+
+
 def log_stage_run(
     cfg: PipelineConfig,
     experiment: str,
@@ -62,19 +75,15 @@ def log_stage_run(
     artifacts: list[Path],
 ) -> dict[str, str]:
     """Create (or find again by ``stage_key``) an MLflow run and log into it."""
-    client = _client(cfg)
-    exp_id = experiment_id(cfg, experiment)
-    found = client.search_runs([exp_id], filter_string=f"tags.`{STAGE_KEY_TAG}` = '{stage_key}'",
-                               max_results=1)
-    run = found[0] if found else client.create_run(exp_id, run_name=run_name,
-                                                   tags={STAGE_KEY_TAG: stage_key})
-    rid = run.info.run_id
     import time
 
     from mlflow.entities import Metric, Param, RunTag
 
+    client = _client(cfg)
+    rid = find_or_create_run(cfg, experiment, stage_key, run_name)
+    run = client.get_run(rid)
     now = int(time.time() * 1000)
-    existing = set(run.data.params) if found else set()
+    existing = set(run.data.params)
     client.log_batch(
         rid,
         metrics=[Metric(k, float(v), now, 0) for k, v in metrics.items() if v is not None],
@@ -84,4 +93,4 @@ def log_stage_run(
     for path in artifacts:
         client.log_artifact(rid, str(path))
     client.set_terminated(rid, "FINISHED")
-    return {"run_id": rid, "experiment_id": exp_id, "experiment": experiment}
+    return {"run_id": rid, "experiment_id": run.info.experiment_id, "experiment": experiment}

@@ -31,17 +31,28 @@ def airflow_env(tmp_path_factory, project_env, mlflow_server):
         INTENTOPS__LAKE_ROOT=str(base / "lake"),
         INTENTOPS_SPARK_DRIVER_MEMORY="2g",
         MLFLOW_TRACKING_URI=mlflow_server,
+        INTENTOPS__TRAINING__MIN_FUNCTIONALITY="0",
+        INTENTOPS__TRAINING__MIN_INVARIANCE="0",
+        INTENTOPS__TRAINING__NPROC_PER_NODE="2",
     )
     raw = base / "raw"
     subprocess.run([sys.executable, "-m", "pipeline.rawdata", "--out", str(raw), "--rows", str(ROWS),
                     "--seed", "3", "--format", "csv"], env=env, cwd=ROOT, check=True, timeout=600)
     subprocess.run(["airflow", "db", "migrate"], env=env, cwd=ROOT, check=True, timeout=600,
                    capture_output=True)
+    subprocess.run(["airflow", "pools", "set", "intentops_registry", "1", "registry"], env=env,
+                   cwd=ROOT, check=True, timeout=300, capture_output=True)
     return env, base, raw
 
 
+# The small encoder and a step budget keep each DAG run's training to seconds; the
+# behavioural bar is lowered because 40 steps of a from-scratch model cannot meet it,
+# and this test is about the wiring (the registry gate has its own tests).
+TRAIN_CONF = {"model": "small", "epochs": 1, "max_steps": 40, "learning_rate": 0.002}
+
+
 def _dags_test(env: dict[str, str], raw: Path) -> subprocess.CompletedProcess:
-    conf = json.dumps({"input_path": str(raw / "raw.csv")})
+    conf = json.dumps({"input_path": str(raw / "raw.csv"), **TRAIN_CONF})
     return subprocess.run(["airflow", "dags", "test", "intentops_pipeline", "--conf", conf],
                           env=env, cwd=ROOT, capture_output=True, text=True, timeout=1200)
 
@@ -82,6 +93,35 @@ def test_dag_run_accounts_for_every_row(first_run, airflow_env):
     out = Path(q["output"])
     for f in ("qa_report.html", "relabel_queue.csv", "relabel_queue.json", "curated"):
         assert (out / f).exists(), f
+
+
+def test_dag_trains_with_torchrun_and_registers_a_challenger(first_run, airflow_env):
+    from mlflow.tracking import MlflowClient
+
+    env, base, _ = airflow_env
+    run_name, summary = first_run
+    stages = {s["stage"]: s for s in summary["stages"]}
+    tr, reg = stages["train"], stages["register"]
+    assert tr["test_accuracy"] is not None and tr["mlflow_run_id"]
+    metrics = json.loads((Path(tr["output"]) / "metrics.json").read_text())
+    assert metrics["world_size"] == 2 and metrics["steps"] == 40
+    client = MlflowClient(env["MLFLOW_TRACKING_URI"])
+    run = client.get_run(tr["mlflow_run_id"])
+    # Lineage: the data stages and the data-quality record this model trained on.
+    lake = base / "lake"
+    assert run.data.tags["intentops.data.labelqa_key"] == stage.upstream(lake, run_name, "labelqa").manifest["key"]
+    assert run.data.tags["intentops.data_quality_run_id"] == stages["labelqa"]["mlflow_run_id"]
+    assert "train_loss" in run.data.metrics and "test_accuracy" in run.data.metrics
+    assert reg["registered"] is True, reg
+    mv = client.get_model_version_by_alias("intentops-intent-classifier", "challenger")
+    assert mv.version == reg["model_version"] and mv.run_id == tr["mlflow_run_id"]
+    import mlflow.pyfunc
+    import pandas as pd
+
+    mlflow.set_tracking_uri(env["MLFLOW_TRACKING_URI"])
+    model = mlflow.pyfunc.load_model("models:/intentops-intent-classifier@challenger")
+    out = model.predict(pd.DataFrame({"text": ["I lost my card", "how do I top up?"]}))
+    assert list(out.columns) == ["label", "score"] and len(out) == 2
 
 
 def test_label_qa_run_is_in_mlflow_and_the_curated_split_is_whole(first_run, airflow_env):
@@ -151,6 +191,12 @@ def test_second_run_is_a_cache_hit_with_unchanged_output(first_run, airflow_env)
         assert s["cache_hit"], s
         assert s["output"] == outputs[s["stage"]]
         assert stage.file_fingerprint(s["output"]) == before[s["stage"]]
+    # A rerun never adds a model version.
+    from mlflow.tracking import MlflowClient
+
+    versions = MlflowClient(env["MLFLOW_TRACKING_URI"]).search_model_versions(
+        "name='intentops-intent-classifier'")
+    assert len(versions) == 1
 
 
 def test_gate_failure_is_readable_and_quotes_no_data(first_run, airflow_env):
@@ -174,7 +220,7 @@ def test_gate_failure_is_readable_and_quotes_no_data(first_run, airflow_env):
 def test_pseudonym_mode_without_a_key_fails_the_task_with_the_fix(airflow_env, first_run):
     env, _, raw = airflow_env
     env = {k: v for k, v in env.items() if k != "INTENTOPS_PSEUDONYM_KEY"}
-    conf = json.dumps({"input_path": str(raw / "raw.csv"), "pii_mode": "pseudonym"})
+    conf = json.dumps({"input_path": str(raw / "raw.csv"), "pii_mode": "pseudonym", **TRAIN_CONF})
     out = subprocess.run(["airflow", "dags", "test", "intentops_pipeline", "--conf", conf],
                          env=env, cwd=ROOT, capture_output=True, text=True, timeout=1200)
     log = out.stdout + out.stderr
@@ -189,7 +235,7 @@ def test_pseudonym_key_from_the_airflow_connection(airflow_env, first_run):
     key = "conn-key-5f0c3a9e1b7d4c2a"
     env = {k: v for k, v in env.items() if k != "INTENTOPS_PSEUDONYM_KEY"}
     env["AIRFLOW_CONN_INTENTOPS_PSEUDONYM"] = json.dumps({"conn_type": "generic", "password": key})
-    conf = json.dumps({"input_path": str(raw / "raw.csv"), "pii_mode": "pseudonym"})
+    conf = json.dumps({"input_path": str(raw / "raw.csv"), "pii_mode": "pseudonym", **TRAIN_CONF})
     out = subprocess.run(["airflow", "dags", "test", "intentops_pipeline", "--conf", conf],
                          env=env, cwd=ROOT, capture_output=True, text=True, timeout=1200)
     assert out.returncode == 0, (out.stdout + out.stderr)[-6000:]

@@ -134,3 +134,30 @@ def test_pii_variants_swap_placeholders_or_add_a_masked_sign_off():
     assert v[0] == "Card <IBAN> for <EMAIL>"
     assert v[1].startswith("plain text ") and "<" in v[1]
     assert json.dumps(v)
+
+
+
+
+def test_registers_an_mlflow3_logged_model_on_a_server(client, mlflow_server, tmp_path):
+    """MLflow 3 logs models as `models:/m-...`; a tracking server rejects that URI as a
+    version source without its model id. The gate registers it and it loads back."""
+    import mlflow
+    import mlflow.pyfunc
+    import pandas as pd
+
+    class Upper(mlflow.pyfunc.PythonModel):
+        def predict(self, context, model_input, params=None):
+            return pd.DataFrame({"label": [str(t).upper() for t in model_input["text"]]})
+
+    mlflow.set_tracking_uri(mlflow_server)
+    mlflow.set_experiment("gate-logged-model")
+    with mlflow.start_run() as run:
+        mlflow.log_metric("test_accuracy", 0.9)
+        info = mlflow.pyfunc.log_model(name="model", python_model=Upper(),
+                                       input_example=pd.DataFrame({"text": ["a"]}))
+    out = registry.register_if_better(client, "gate-logged", info.model_uri, run.info.run_id, "fp-x",
+                                      {"test_accuracy": 0.9}, PASS, "test_accuracy", 0.0,
+                                      tmp_path / "lock")
+    assert out["registered"] and out["version"] == "1"
+    loaded = mlflow.pyfunc.load_model("models:/gate-logged@challenger")
+    assert loaded.predict(pd.DataFrame({"text": ["hi"]})).label.tolist() == ["HI"]

@@ -66,7 +66,7 @@ def champion(client, name: str, metric: str) -> tuple[str | None, float | None]:
     value = None
     if mv.run_id:
         value = client.get_run(mv.run_id).data.metrics.get(metric)
-    return mv.version, value
+    return str(mv.version), value
 
 
 def decide(metrics: dict[str, float], checks: dict[str, Any], champ_version: str | None,
@@ -107,7 +107,7 @@ def move_alias(client, name: str, alias: str, version: str, reason: str) -> None
     from mlflow.exceptions import MlflowException
 
     try:
-        previous = client.get_model_version_by_alias(name, alias).version
+        previous = str(client.get_model_version_by_alias(name, alias).version)
     except MlflowException:
         previous = None
     if previous == str(version):
@@ -154,7 +154,7 @@ def register_if_better(
     with registry_lock(lock_path):
         existing = find_version(client, name, fingerprint)
         if existing is not None:
-            return {"registered": True, "version": existing.version, "reused": True,
+            return {"registered": True, "version": str(existing.version), "reused": True,
                     "reason": existing.tags.get(REASON_TAG, "registered earlier for this run"),
                     "champion_version": None, "champion_value": None}
         champ_version, champ_value = champion(client, name, metric)
@@ -172,8 +172,14 @@ def register_if_better(
             client.create_registered_model(
                 name, description="intentops intent classifier (Banking77 demo); aliases: "
                                   "challenger = passed the registration gate, champion = serving")
+        source, model_id = model_uri, None
+        if model_uri.startswith("models:/m-"):
+            # An MLflow 3 logged model: the registry wants its artifact location as the
+            # source and its id, not the models:/ URI (a tracking server rejects that).
+            model_id = model_uri.removeprefix("models:/")
+            source = client.get_logged_model(model_id).artifact_location
         mv = client.create_model_version(
-            name, source=model_uri, run_id=run_id,
+            name, source=source, run_id=run_id, model_id=model_id,
             tags={FINGERPRINT_TAG: fingerprint, REASON_TAG: d.reason,
                   **{f"metric.{k}": f"{v:.6f}" for k, v in metrics.items()}},
         )
@@ -181,6 +187,6 @@ def register_if_better(
         move_alias(client, name, "challenger", mv.version, d.reason)
         client.set_tag(run_id, REGISTRATION_TAG, "registered")
         client.set_tag(run_id, REASON_TAG, d.reason)
-        client.set_tag(run_id, "intentops.model_version", mv.version)
-        return {"registered": True, "version": mv.version, "reused": False, "reason": d.reason,
+        client.set_tag(run_id, "intentops.model_version", str(mv.version))
+        return {"registered": True, "version": str(mv.version), "reused": False, "reason": d.reason,
                 "champion_version": d.champion_version, "champion_value": d.champion_value}
