@@ -21,7 +21,8 @@ and a rerun with the same input and settings is a cache hit that does no work.
 `min_chars` / `max_chars` length bounds, the near-duplicate `dedup_threshold`, the
 masking mode `pii_mode`, the gate's `max_duplicate_rate` / `max_residual_pii_rate`, and
 the label-QA bar `min_label_alpha` / `max_suspect_rate` with `label_suspects` (what the
-curated set does with suspects).
+curated set does with suspects), the training choice and budget `model`, `epochs`,
+`max_steps`, `learning_rate`, and the registration `registration_margin`.
 Paths relative to the project root are fine.
 
 **Pseudonym mode** reads its HMAC key from the Airflow connection `intentops_pseudonym`

@@ -77,6 +77,19 @@ def test_gate_registers_better_rejects_worse_and_is_idempotent(client, tmp_path)
         ("challenger", "1", None), ("champion", "1", None), ("challenger", "2", "1")]
 
 
+def test_a_different_label_set_than_the_champions_is_rejected(client, tmp_path):
+    name = "gate-labels"
+    lock = tmp_path / "registry.lock"
+    rid, uri = _run(client, "gate-labels", 0.8, tmp_path)
+    first = registry.register_if_better(client, name, uri, rid, "fp-a", {"test_accuracy": 0.8}, PASS,
+                                        "test_accuracy", 0.0, lock, labels=["a", "b"])
+    registry.move_alias(client, name, "champion", first["version"], "test")
+    rid2, uri2 = _run(client, "gate-labels", 0.95, tmp_path)
+    out = registry.register_if_better(client, name, uri2, rid2, "fp-b", {"test_accuracy": 0.95}, PASS,
+                                      "test_accuracy", 0.0, lock, labels=["a", "b", "c"])
+    assert not out["registered"] and "label set differs from champion v1" in out["reason"]
+
+
 def test_concurrent_registrations_do_not_collide(client, tmp_path):
     name = "gate-concurrent"
     lock = tmp_path / "registry.lock"

@@ -32,6 +32,7 @@ FINGERPRINT_TAG = "intentops.run_fingerprint"
 HISTORY_PREFIX = "intentops.alias_history."
 REGISTRATION_TAG = "intentops.registration"
 REASON_TAG = "intentops.registration_reason"
+LABELS_TAG = "intentops.labels_sha256"
 
 
 @dataclass
@@ -53,6 +54,21 @@ def registry_lock(path: str | Path) -> Iterator[None]:
             yield
         finally:
             fcntl.flock(fh, fcntl.LOCK_UN)
+
+
+def labels_digest(labels: list[str]) -> str:
+    import hashlib
+
+    return hashlib.sha256(json.dumps(list(labels)).encode()).hexdigest()
+
+
+def champion_labels(client, name: str) -> str | None:
+    from mlflow.exceptions import MlflowException
+
+    try:
+        return client.get_model_version_by_alias(name, "champion").tags.get(LABELS_TAG)
+    except MlflowException:
+        return None
 
 
 def champion(client, name: str, metric: str) -> tuple[str | None, float | None]:
@@ -147,6 +163,7 @@ def register_if_better(
     metric: str,
     margin: float,
     lock_path: str | Path,
+    labels: list[str] | None = None,
 ) -> dict[str, Any]:
     """Apply the gate; register (or find again) the version and move ``challenger``.
 
@@ -159,6 +176,13 @@ def register_if_better(
                     "champion_version": None, "champion_value": None}
         champ_version, champ_value = champion(client, name, metric)
         d = decide(metrics, checks, champ_version, champ_value, metric, margin)
+        digest = labels_digest(labels) if labels is not None else None
+        champ_digest = champion_labels(client, name) if champ_version else None
+        if d.register and digest and champ_digest and digest != champ_digest:
+            # Metrics over different label sets are not comparable, and serving would
+            # return classes clients do not expect: a person decides.
+            d = Decision(False, f"the label set differs from champion v{champ_version}'s; "
+                                "compare and promote by hand", champ_version, champ_value)
         if not d.register:
             client.set_tag(run_id, REGISTRATION_TAG, "rejected")
             client.set_tag(run_id, REASON_TAG, d.reason)
@@ -181,6 +205,7 @@ def register_if_better(
         mv = client.create_model_version(
             name, source=source, run_id=run_id, model_id=model_id,
             tags={FINGERPRINT_TAG: fingerprint, REASON_TAG: d.reason,
+                  **({LABELS_TAG: digest} if digest else {}),
                   **{f"metric.{k}": f"{v:.6f}" for k, v in metrics.items()}},
         )
         _wait_ready(client, name, mv.version)

@@ -191,7 +191,8 @@ def register(cfg: PipelineConfig, run_id: str) -> stage.StageResult:
         decision = registry.register_if_better(
             client, t.registered_model, stats["model_uri"], rid,
             fingerprint=f"{tr.manifest['key']}:{rid}", metrics=metrics, checks=checks,
-            metric=t.metric, margin=t.margin, lock_path=cfg.lake / ".registry.lock")
+            metric=t.metric, margin=t.margin, lock_path=cfg.lake / ".registry.lock",
+            labels=predictor.labels)
         (out / "decision.json").write_text(json.dumps(decision, indent=2))
         log.info("registration: %s", decision["reason"])
         return {"rows_in": None, "kept": None, **decision, "checks_passed": checks["passed"]}
