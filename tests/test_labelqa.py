@@ -229,7 +229,9 @@ def test_stage_publishes_logs_to_mlflow_and_reruns_idempotently(tmp_path, mlflow
     labelqa.check(res)  # default bar passes
     client = MlflowClient(mlflow_server)
     exp = client.get_experiment_by_name("intentops-data-quality")
-    runs = client.search_runs([exp.experiment_id])
+    # The server is shared by the session: look at this stage output's runs only.
+    mine = f"tags.`intentops.stage_key` = '{res.key}'"
+    runs = client.search_runs([exp.experiment_id], filter_string=mine)
     assert len(runs) == 1 and runs[0].info.run_id == res.manifest["stats"]["mlflow_run_id"]
     r = runs[0]
     assert r.data.metrics["suspects"] == res.manifest["stats"]["suspects"]
@@ -240,7 +242,7 @@ def test_stage_publishes_logs_to_mlflow_and_reruns_idempotently(tmp_path, mlflow
     _fake_desensitize(cfg.lake, "r2", items)
     second = labelqa.run(cfg, "r2")
     assert second.cache_hit and second.path == res.path
-    assert len(client.search_runs([exp.experiment_id])) == 1
+    assert len(client.search_runs([exp.experiment_id], filter_string=mine)) == 1
 
 
 def test_stage_gate_failure_keeps_report_and_queue(tmp_path, mlflow_server, monkeypatch, noisy):
