@@ -49,6 +49,15 @@ def run_measured(cmd: list[str], env: dict[str, str]) -> dict[str, float]:
             "stdout": "".join(output)}
 
 
+def write_results(results: dict, dest: str | Path) -> None:
+    """Write and print a benchmark's results; paths of this machine stay out of them."""
+    text = json.dumps(results, indent=2, default=str).replace(str(ROOT), ".")
+    dest = ROOT / dest
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    dest.write_text(text)
+    print(text)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rows", type=int, default=1_000_000)
@@ -128,12 +137,7 @@ def main() -> None:
                                       d["stats"].get("threshold", 0.8))
         results["clean_plus_dedup_wall_s_median"] = statistics.median(
             r["clean"]["wall_s"] + r["dedup"]["wall_s"] for r in runs)
-    dest = ROOT / args.results
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    # Paths of this machine stay out of the committed results.
-    text = json.dumps(results, indent=2, default=str).replace(str(ROOT), ".")
-    dest.write_text(text)
-    print(text)
+    write_results(results, args.results)
 
 
 if __name__ == "__main__":

@@ -30,7 +30,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from data_stages import run_measured  # noqa: E402
+from data_stages import run_measured, write_results  # noqa: E402
 
 
 def main() -> None:
@@ -87,11 +87,7 @@ def main() -> None:
             "scores": scores,
             "krippendorff_alpha": pointer["manifest"]["stats"]["krippendorff_alpha"],
         }
-    text = json.dumps(results, indent=2, default=str).replace(str(ROOT), ".")
-    dest = ROOT / args.results
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    dest.write_text(text)
-    print(text)
+    write_results(results, args.results)
 
 
 if __name__ == "__main__":

@@ -32,6 +32,9 @@ import psutil
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from data_stages import write_results  # noqa: E402
 
 
 def curated(out: Path) -> Path:
@@ -111,11 +114,7 @@ def main() -> None:
         results["accuracy_run"] = run(folder, out / "accuracy", 2, hp, env)
         results["accuracy_run"]["hparams"] = hp
         print(json.dumps(results["accuracy_run"]), flush=True)
-    text = json.dumps(results, indent=2, default=str).replace(str(ROOT), ".")
-    dest = ROOT / args.results
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    dest.write_text(text)
-    print(text)
+    write_results(results, args.results)
 
 
 if __name__ == "__main__":

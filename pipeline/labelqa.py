@@ -92,7 +92,7 @@ def _dedup_votes(items: pd.DataFrame, ann: pd.DataFrame, classes: list[str]) -> 
     annotator ``_dedup_copy`` whose reliability Dawid-Skene estimates like anyone's. On
     the 10%-noise benchmark build this raised consensus accuracy on the 2,112 conflict
     clusters from 0.921 to 0.947 (docs/BENCHMARKS.md)."""
-    if "label_conflict" not in items or "cluster_labels" not in items:
+    if "cluster_labels" not in items:
         return ann, 0
     valid = set(classes)
     rows = []
@@ -263,6 +263,9 @@ def analyze(items: pd.DataFrame, classes: list[str], cfg: LabelQAConfig) -> Anal
     """``items``: record_id, text, label, annotations (list of {annotator, label}) and,
     from dedup, cluster_labels / label_conflict. Returns the per-item results."""
     items = items.reset_index(drop=True).copy()
+    # Inputs without dedup's columns (a plain export) have no label conflicts.
+    conflict = items["label_conflict"] if "label_conflict" in items else pd.Series(False, index=items.index)
+    items["label_conflict"] = conflict.fillna(False).astype(bool)
     valid = set(classes)
     items["given"] = [x if x in valid else None for x in items.label.map(textnorm.normalize_label)]
     ann, info = annotations_long(items, classes)
@@ -391,7 +394,7 @@ def relabel_queue(a: Analysis) -> pd.DataFrame:
         "suggested_label": d.suggested.to_numpy(),
         "score": d.score.round(6).to_numpy(),
         "reason": d.reason.to_numpy(),
-        "dedup_label_conflict": d.get("label_conflict", pd.Series(False, index=d.index)).fillna(False).to_numpy(),
+        "dedup_label_conflict": d.label_conflict.to_numpy(),
     })
 
 
@@ -450,8 +453,8 @@ def metrics(a: Analysis, cur: pd.DataFrame, queue: pd.DataFrame) -> dict[str, An
         "consensus_changed_exported_label": int((d.given.notna() & (d.given != d.consensus)).sum()),
         "model_agrees_with_consensus": round(float((d.model_label == d.consensus)[d.model_label.notna()].mean()), 6)
         if d.model_label.notna().any() else None,
-        "dedup_label_conflict_items": int(d.get("label_conflict", pd.Series(False)).fillna(False).sum()),
-        "dedup_label_conflict_suspects": int((d.get("label_conflict", pd.Series(False, index=d.index)).fillna(False) & d.suspect).sum()),
+        "dedup_label_conflict_items": int(d.label_conflict.sum()),
+        "dedup_label_conflict_suspects": int((d.label_conflict & d.suspect).sum()),
         "suspects_by_class": {str(k): int(v) for k, v in by_class.items()},
         "curated_rows": int(len(cur)),
         "curated_by_split": {str(k): int(v) for k, v in cur.split.value_counts().sort_index().items()},

@@ -26,14 +26,14 @@ def tracking_uri(cfg: PipelineConfig) -> str:
     return f"sqlite:///{Path(root) / 'mlflow.db'}"
 
 
-def _client(cfg: PipelineConfig):
+def mlflow_client(cfg: PipelineConfig):
     from mlflow.tracking import MlflowClient
 
     return MlflowClient(tracking_uri=tracking_uri(cfg))
 
 
 def experiment_id(cfg: PipelineConfig, name: str) -> str:
-    client = _client(cfg)
+    client = mlflow_client(cfg)
     exp = client.get_experiment_by_name(name)
     if exp is not None:
         return exp.experiment_id
@@ -54,7 +54,7 @@ def experiment_id(cfg: PipelineConfig, name: str) -> str:
 def find_or_create_run(cfg: PipelineConfig, experiment: str, stage_key: str, run_name: str,
                        tags: dict[str, str] | None = None) -> str:
     """The MLflow run of this stage output (found by its content key), created if absent."""
-    client = _client(cfg)
+    client = mlflow_client(cfg)
     exp_id = experiment_id(cfg, experiment)
     found = client.search_runs([exp_id], filter_string=f"tags.`{STAGE_KEY_TAG}` = '{stage_key}'",
                                max_results=1)
@@ -79,7 +79,7 @@ def log_stage_run(
 
     from mlflow.entities import Metric, Param, RunTag
 
-    client = _client(cfg)
+    client = mlflow_client(cfg)
     rid = find_or_create_run(cfg, experiment, stage_key, run_name)
     run = client.get_run(rid)
     now = int(time.time() * 1000)

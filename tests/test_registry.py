@@ -4,7 +4,6 @@ move is in the history; plus the behavioural checks on a rule-based predictor.""
 
 from __future__ import annotations
 
-import json
 import threading
 
 import pytest
@@ -146,7 +145,6 @@ def test_pii_variants_swap_placeholders_or_add_a_masked_sign_off():
     v = behaviour.pii_variants(["Card <CARD> for <PERSON>", "plain text"])
     assert v[0] == "Card <IBAN> for <EMAIL>"
     assert v[1].startswith("plain text ") and "<" in v[1]
-    assert json.dumps(v)
 
 
 

@@ -74,7 +74,7 @@ def _log_model(cfg: PipelineConfig, mlflow_run_id: str, model_dir: Path) -> str:
 
     from training.predictor import IntentClassifierModel, Predictor
 
-    client = tracking._client(cfg)
+    client = tracking.mlflow_client(cfg)
     existing = client.get_run(mlflow_run_id).data.tags.get("intentops.model_uri")
     if existing:
         return existing
@@ -182,7 +182,7 @@ def register(cfg: PipelineConfig, run_id: str) -> stage.StageResult:
         checks = behaviour.run_checks(predictor.labels_of, sample, predictor.labels,
                                       t.min_invariance, t.min_functionality)
         (out / "behaviour.json").write_text(json.dumps(checks, indent=2))
-        client = tracking._client(cfg)
+        client = tracking.mlflow_client(cfg)
         rid = stats["mlflow_run_id"]
         for c in checks["checks"]:
             client.log_metric(rid, f"check_{c['name']}", c["rate"])
