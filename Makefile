@@ -44,6 +44,7 @@ bench: $(VENV)/.installed
 	$(BIN)/python benchmarks/pii_presidio.py --raw var/bench/raw-1000000 --sample 4000
 	$(BIN)/python benchmarks/labelqa.py
 	$(BIN)/python benchmarks/training.py --epochs 5
+	$(BIN)/python benchmarks/export.py --repeats 3
 
 # The MLflow UI over the local store the stages log to (when MLFLOW_TRACKING_URI is unset).
 mlflow: $(VENV)/.installed

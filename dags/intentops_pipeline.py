@@ -275,6 +275,33 @@ def intentops_pipeline():
             print(f"not registered (run tagged rejected): {s['reason']}")
         return result.path
 
+    @task(retries=1)
+    def export(config_path: str, run_id: str) -> str:
+        """ONNX fp32 and int8 builds of the registered version, checked and timed, attached
+        to the version. fp32 parity failing is a property of the model, not a transient
+        error: it fails the task at once. An int8 build that misses its accuracy gate is
+        attached marked failed (serving refuses it); the task itself succeeds."""
+        from airflow.sdk.exceptions import AirflowFailException
+
+        from export import task as ex
+        from export.onnx_build import ExportError
+        from pipeline.runs import load_run_config
+
+        try:
+            result = ex.export(load_run_config(config_path), run_id)
+        except ExportError as exc:
+            raise AirflowFailException(str(exc)) from None
+        s = result.manifest["stats"]
+        if not s["exported"]:
+            print(f"export skipped: {s['reason']}")
+        else:
+            r = s["ratios"]
+            print(f"version {s['model_version']}: int8 {s['int8_status']} ({s['int8_reason']}); "
+                  f"int8 {r['int8_speedup_vs_eager_b1']:.2f}x eager at batch 1, "
+                  f"{r['int8_throughput_vs_fp32_b32']:.2f}x fp32 throughput at batch 32, "
+                  f"{r['int8_size_share_of_fp32']:.1%} of the fp32 size; report {result.path}/report.md")
+        return result.path
+
     @task
     def summary(config_path: str, run_id: str) -> str:
         """Per-stage summary of the run, logged and saved beside the run's pointers."""
@@ -290,8 +317,9 @@ def intentops_pipeline():
     qa = labelqa(config_path)
     trained = train(config_path)
     registered = register(config_path)
-    config_path >> clean >> dedup >> desensitize >> gate >> qa >> trained >> registered
-    registered >> summary(config_path)
+    exported = export(config_path)
+    config_path >> clean >> dedup >> desensitize >> gate >> qa >> trained >> registered >> exported
+    exported >> summary(config_path)
 
 
 intentops_pipeline()

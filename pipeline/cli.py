@@ -49,7 +49,8 @@ def main(argv: list[str] | None = None) -> int:
     _stage_parser(sub, "desensitize", "PII masking (needs the run's dedup output)")
     _stage_parser(sub, "validate", "data-validation gate (needs the run's desensitize output)")
     _stage_parser(sub, "labelqa", "label QA and curated split (needs the run's validate output)")
-    _stage_parser(sub, "run", "every stage in order, without Airflow")
+    _stage_parser(sub, "export", "ONNX fp32 + int8 builds of the run's registered model version")
+    _stage_parser(sub, "run", "every data stage in order, without Airflow")
     e = sub.add_parser("evaluate", help="score a run's data stages against builder ground truth")
     e.add_argument("--run-id", required=True)
     e.add_argument("--ground-truth", required=True, help="the builder's ground_truth/ folder")
@@ -77,6 +78,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"ERROR: {exc}", file=sys.stderr)
         return 2
     except Exception as exc:
+        if type(exc).__name__ in ("ExportError", "BuildError"):
+            print(f"ERROR: {exc}", file=sys.stderr)
+            return 2
         if type(exc).__name__ not in ("GateFailed", "QAGateFailed"):
             raise
         print(f"GATE FAILED: {exc}", file=sys.stderr)
@@ -123,6 +127,11 @@ def _dispatch(args: argparse.Namespace) -> int:
 
     cfg = common.config_from_args(args)
     run_id = args.run_id or time.strftime("manual-%Y%m%dT%H%M%S")
+    if args.cmd == "export":
+        from export import task as export_task
+
+        print(export_task.export(cfg, run_id=run_id).to_json())
+        return 0
     if args.cmd in ("clean", "run"):
         print(clean.run(cfg, run_id=run_id).to_json())
     if args.cmd in ("dedup", "run"):

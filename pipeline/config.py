@@ -178,6 +178,28 @@ class TrainingConfig(_Section):
     behaviour_sample: int = Field(500, ge=10)
 
 
+class ExportConfig(_Section):
+    # ONNX opset of the fp32 export (checked against what torch and onnxruntime support).
+    opset: int = Field(17, ge=14)
+    # fp32 parity: largest |logit(PyTorch) - logit(ONNX Runtime)| on the whole test split.
+    parity_atol: float = Field(1e-4, gt=0.0)
+    # int8 gate, against the fp32 build on the test split.
+    max_accuracy_drop: float = Field(0.005, ge=0.0, le=1.0)
+    min_agreement: float = Field(0.99, ge=0.0, le=1.0)
+    # Quantization candidates measured on the machine the task runs on: ORT transformer
+    # fusions ("none" = the plain export, "full", "no_attention") x per-channel x
+    # reduce-range. The fastest at batch 32 among those passing the gate ships.
+    fusions: list[Literal["none", "full", "no_attention"]] = Field(
+        default_factory=lambda: ["none", "full", "no_attention"], min_length=1)
+    per_channel: list[bool] = Field(default_factory=lambda: [False, True], min_length=1)
+    reduce_range: list[bool] = Field(default_factory=lambda: [False, True], min_length=1)
+    # Speed report: intra-op threads (0 = every core), batch-1 latency samples, batch-32 batches.
+    threads: int = Field(0, ge=0)
+    latency_samples: int = Field(200, ge=10)
+    throughput_batches: int = Field(20, ge=2)
+    candidate_batches: int = Field(6, ge=2)
+
+
 class SparkConfig(_Section):
     # Used when a job runs outside spark-submit (tests, `intentops clean`). Under Airflow the
     # master comes from the spark_default connection.
@@ -197,6 +219,7 @@ class PipelineConfig(_Section):
     labelqa: LabelQAConfig = Field(default_factory=LabelQAConfig)
     tracking: TrackingConfig = Field(default_factory=TrackingConfig)
     training: TrainingConfig = Field(default_factory=TrainingConfig)
+    export: ExportConfig = Field(default_factory=ExportConfig)
     spark: SparkConfig = Field(default_factory=SparkConfig)
 
     @field_validator("lake_root")

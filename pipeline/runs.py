@@ -18,7 +18,7 @@ from pipeline.stage import StageError, StageResult, atomic_write_text, run_dir, 
 log = logging.getLogger(__name__)
 
 # Stages in pipeline order; later issues append to it.
-STAGES = ("clean", "dedup", "desensitize", "validate", "labelqa", "train", "register")
+STAGES = ("clean", "dedup", "desensitize", "validate", "labelqa", "train", "register", "export")
 
 
 def save_run_config(cfg: PipelineConfig, run_id: str) -> str:
@@ -70,8 +70,11 @@ def stage_row(result: StageResult) -> dict[str, Any]:
         "test_macro_f1": stats.get("test_macro_f1"),
         "train_samples_per_s": stats.get("train_samples_per_s"),
         "registered": stats.get("registered"),
-        "model_version": stats.get("version"),
+        "model_version": stats.get("version", stats.get("model_version")),
         "registration_reason": stats.get("reason"),
+        "exported": stats.get("exported"),
+        "export": {k: stats.get(k) for k in ("int8_status", "int8_reason", "sizes_mb", "accuracy",
+                                             "p50_ms_b1", "throughput_b32", "ratios")},
         "cache_hit": result.cache_hit,
         "output": result.path,
     }
@@ -119,6 +122,8 @@ def render(rows: list[dict[str, Any]], run_id: str) -> str:
                 f"{r['stage']}: test accuracy {r['test_accuracy']:.4f}, macro-F1 {r['test_macro_f1']:.4f}, "
                 f"{(r['train_samples_per_s'] or 0):.1f} train samples/s; MLflow run {r['mlflow_run_id']}"
             )
+        elif r.get("exported") is not None:
+            lines.extend(render_export(r))
         elif r.get("registered") is not None:
             verdict = (f"registered as version {r['model_version']} (alias challenger)" if r["registered"]
                        else "REJECTED")
@@ -127,6 +132,22 @@ def render(rows: list[dict[str, Any]], run_id: str) -> str:
             verdict = "passed" if r["gate_success"] else f"FAILED ({r['failed_expectations']} expectations)"
             lines.append(f"{r['stage']}: gate {verdict}; Data Docs {r['output']}/data_docs/index.html")
     return "\n".join(lines)
+
+
+def render_export(r: dict[str, Any]) -> list[str]:
+    if not r["exported"]:
+        return [f"{r['stage']}: skipped: {r['registration_reason']}"]
+    e = r["export"]
+    out = [f"{r['stage']}: model version {r['model_version']}, int8 build {e['int8_status'].upper()} "
+           f"({e['int8_reason']}); report {r['output']}/report.md"]
+    for b in ("pytorch_eager", "onnx_fp32", "onnx_int8"):
+        out.append(f"  {b:<14} {e['sizes_mb'][b]:>7.1f} MB  p50 b1 {e['p50_ms_b1'][b]:>7.2f} ms  "
+                   f"b32 {e['throughput_b32'][b]:>7.0f} rows/s  accuracy {e['accuracy'][b]:.4f}")
+    ra = e["ratios"]
+    out.append(f"  int8: {ra['int8_speedup_vs_eager_b1']:.2f}x eager at batch 1, "
+               f"{ra['int8_throughput_vs_fp32_b32']:.2f}x fp32 at batch 32, "
+               f"{ra['int8_size_share_of_fp32']:.1%} of fp32 size")
+    return out
 
 
 def write_summary(config_path: str | Path, run_id: str) -> str:

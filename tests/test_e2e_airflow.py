@@ -124,6 +124,51 @@ def test_dag_trains_with_torchrun_and_registers_a_challenger(first_run, airflow_
     assert list(out.columns) == ["label", "score"] and len(out) == 2
 
 
+def test_dag_exports_onnx_builds_attached_to_the_registered_version(first_run, airflow_env, tmp_path):
+    import mlflow
+    import numpy as np
+    from mlflow.tracking import MlflowClient
+
+    from export.runtime import OnnxClassifier
+
+    env, base, _ = airflow_env
+    _, summary = first_run
+    stages = {s["stage"]: s for s in summary["stages"]}
+    ex, reg = stages["export"], stages["register"]
+    assert ex["exported"] is True and ex["model_version"] == reg["model_version"]
+    assert ex["export"]["int8_status"] == "passed", ex["export"]
+    out = Path(ex["output"])
+    report = json.loads((out / "report.json").read_text())
+    assert report["parity"]["passed"] and report["parity"]["max_abs_diff"] <= 1e-4
+    client = MlflowClient(env["MLFLOW_TRACKING_URI"])
+    mv = client.get_model_version("intentops-intent-classifier", reg["model_version"])
+    assert mv.tags["intentops.onnx.int8.status"] == "passed"
+    assert json.loads(mv.tags["intentops.onnx.int8.quantization"]).keys() >= {"per_channel", "reduce_range"}
+    run = client.get_run(mv.run_id)
+    assert run.data.metrics["export_onnx_int8_size_mb"] == report["builds"]["onnx_int8"]["size_mb"]
+    assert run.data.metrics["export_int8_speedup_vs_eager_b1"] > 0
+    arts = {a.path for a in client.list_artifacts(mv.run_id, f"export/v{mv.version}")}
+    assert {f"export/v{mv.version}/{f}" for f in ("report.md", "report.json", "speed.png")} <= arts
+    # Metrics linked to the version's model, so its registry page shows them.
+    from export.task import version_model_id
+
+    model_id = version_model_id(client, mv)
+    assert model_id and "export_onnx_int8_throughput_b32" in {
+        m.key for m in client.get_logged_model(model_id).metrics}
+    # Each build is an onnx-flavor model that carries its tokenizer: serving needs nothing else.
+    mlflow.set_tracking_uri(env["MLFLOW_TRACKING_URI"])
+    texts = ["I lost my card", "how do I top up?", "my transfer has not arrived"]
+    preds = {}
+    for b in ("fp32", "int8"):
+        uri = mv.tags[f"intentops.onnx.{b}.model_uri"]
+        assert mlflow.onnx.load_model(uri).graph.input[0].name == "input_ids"
+        folder = mlflow.artifacts.download_artifacts(artifact_uri=uri, dst_path=str(tmp_path / b))
+        preds[b] = OnnxClassifier(folder).predict(texts)[0]
+    assert len(preds["int8"]) == 3 and np.mean(np.array(preds["int8"]) == np.array(preds["fp32"])) >= 2 / 3
+    text = (base / "lake" / "runs" / first_run[0] / "summary.txt").read_text()
+    assert "int8 build PASSED" in text and "onnx_int8" in text
+
+
 def test_label_qa_run_is_in_mlflow_and_the_curated_split_is_whole(first_run, airflow_env):
     from mlflow.tracking import MlflowClient
 

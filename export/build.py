@@ -1,0 +1,200 @@
+"""From a trained model folder to the fp32 and int8 builds, their checks and the report.
+
+``build_all`` writes, under ``out``::
+
+    fp32/   model.onnx tokenizer.json labels.json preprocessing.json
+    int8/   the same, quantized with the settings chosen by measurement
+    report.json report.md speed.png candidates.json
+
+and returns the report. fp32 parity failing raises ``ExportError`` (nothing is usable);
+an int8 build that misses its gate is kept and marked ``failed`` in the report and in
+its ``preprocessing.json``, and serving refuses it.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import logging
+import shutil
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from export import onnx_build as ob
+from export.runtime import MODEL_FILE, TextEncoder, session
+from pipeline.config import ExportConfig
+
+log = logging.getLogger(__name__)
+
+
+def _side_files(src: Path, dst: Path, **pre: Any) -> None:
+    dst.mkdir(parents=True, exist_ok=True)
+    for name in ("tokenizer.json", "labels.json"):
+        shutil.copy2(src / name, dst / name)
+    meta = json.loads((src / "preprocessing.json").read_text()) | pre
+    (dst / "preprocessing.json").write_text(json.dumps(meta, indent=2))
+
+
+def build_all(model_dir: str | Path, texts: Sequence[str], labels: Sequence[str],
+              row_ids: Sequence[str], cfg: ExportConfig, out: str | Path) -> dict[str, Any]:
+    import torch
+
+    from training.models import load_trained
+
+    out = Path(out)
+    work = out / ".work"
+    work.mkdir(parents=True, exist_ok=True)
+    threads = cfg.threads or ob.default_threads()
+    torch.set_num_threads(threads)
+    model_dir = ob.check_model_dir(model_dir)
+    if not texts:
+        raise ob.ExportError("the test split is empty: parity and accuracy need test rows")
+    fp32_dir = ob.export_fp32(model_dir, out / "fp32", cfg.opset)
+    pre = json.loads((fp32_dir / "preprocessing.json").read_text())
+    class_names = json.loads((fp32_dir / "labels.json").read_text())
+    index = {c: i for i, c in enumerate(class_names)}
+    unknown = sorted(set(labels) - set(index))
+    if unknown:
+        raise ob.ExportError(f"test labels not in the model's label set: {unknown[:5]}")
+    y = np.array([index[c] for c in labels])
+    encoder = TextEncoder(fp32_dir / "tokenizer.json", pre["max_length"], pre["pad_id"])
+
+    # The reference is the model exactly as PyTorch serves it (SDPA attention).
+    model, spec = load_trained(model_dir)
+    torch_fn = ob.torch_logits_fn(model)
+    fp32_sess = session(fp32_dir / MODEL_FILE, threads)
+    fp32_fn = ob.onnx_logits_fn(fp32_sess)
+    ref = ob.batched_logits(torch_fn, encoder, texts)
+    got = ob.batched_logits(fp32_fn, encoder, texts)
+    par = ob.parity(ref, got, row_ids, cfg.parity_atol)
+    if not par.passed:
+        raise ob.ExportError(ob.parity_message(par))
+    acc = {"pytorch_eager": ob.accuracy(ref, y), "onnx_fp32": ob.accuracy(got, y)}
+    log.info("fp32 parity on %d rows: max |diff| %.2e, argmax agreement %.4f",
+             par.rows, par.max_abs_diff, par.argmax_agreement)
+
+    # int8 candidates: every fusion x per-channel x reduce-range, checked and timed.
+    candidates: list[dict[str, Any]] = []
+    fns: dict[str, Any] = {}
+    for fusion in cfg.fusions:
+        try:
+            src = ob.optimize(fp32_dir / MODEL_FILE, work / f"opt-{fusion}.onnx", spec, fusion)
+        except Exception as exc:  # a fusion the optimizer cannot apply is a skipped candidate
+            candidates.append({"name": f"{fusion}", "fusion": fusion, "error": str(exc)[:300]})
+            continue
+        for pc, rr in itertools.product(cfg.per_channel, cfg.reduce_range):
+            name = f"{fusion}-pc{int(pc)}-rr{int(rr)}"
+            path = ob.quantize(src, work / f"{name}.onnx", pc, rr, work)
+            sess = session(path, threads)
+            logits = ob.batched_logits(ob.onnx_logits_fn(sess), encoder, texts)
+            agreement = float((logits.argmax(1) == got.argmax(1)).mean())
+            int8_acc = ob.accuracy(logits, y)
+            passed, reason = ob.int8_gate(acc["onnx_fp32"], int8_acc, agreement,
+                                          cfg.max_accuracy_drop, cfg.min_agreement)
+            candidates.append({"name": name, "fusion": fusion, "per_channel": pc, "reduce_range": rr,
+                               "path": str(path), "accuracy": int8_acc, "agreement": agreement,
+                               "passed": passed, "reason": reason, "size_mb": ob.size_mb(path)})
+            fns[name] = ob.onnx_logits_fn(sess)
+    timed = [c for c in candidates if "error" not in c]
+    if not timed:
+        raise ob.ExportError("no int8 candidate could be built: "
+                             + "; ".join(f"{c['name']}: {c['error']}" for c in candidates))
+    speeds = ob.time_side_by_side(fns, encoder, texts, latency_samples=min(50, cfg.latency_samples),
+                                  throughput_batches=cfg.candidate_batches)
+    for c in timed:
+        c.update(speeds[c["name"]])
+    passing = [c for c in timed if c["passed"]]
+    chosen = (max(passing, key=lambda c: c["throughput_b32"]) if passing
+              else max(timed, key=lambda c: (c["agreement"], c["throughput_b32"])))
+    status = "passed" if chosen["passed"] else "failed"
+    int8_dir = out / "int8"
+    _side_files(fp32_dir, int8_dir, build="int8", status=status, gate_reason=chosen["reason"],
+                quantization={"method": "dynamic", "weight_type": "int8", "activations": "uint8",
+                              "fusion": chosen["fusion"], "per_channel": chosen["per_channel"],
+                              "reduce_range": chosen["reduce_range"]})
+    shutil.copy2(chosen["path"], int8_dir / MODEL_FILE)
+    acc["onnx_int8"] = chosen["accuracy"]
+
+    # The report: the three builds side by side, the shipped int8 build reloaded from disk.
+    int8_fn = ob.onnx_logits_fn(session(int8_dir / MODEL_FILE, threads))
+    speed = ob.time_side_by_side({"pytorch_eager": torch_fn, "onnx_fp32": fp32_fn, "onnx_int8": int8_fn},
+                                 encoder, texts, cfg.latency_samples, cfg.throughput_batches)
+    sizes = {"pytorch_eager": ob.size_mb(model_dir / "model.pt"),
+             "onnx_fp32": ob.size_mb(fp32_dir / MODEL_FILE), "onnx_int8": ob.size_mb(int8_dir / MODEL_FILE)}
+    builds = {k: {"size_mb": sizes[k], "accuracy": acc[k], **speed[k]} for k in speed}
+    e, f, q = builds["pytorch_eager"], builds["onnx_fp32"], builds["onnx_int8"]
+    report = {
+        "test_rows": len(texts),
+        "opset": cfg.opset,
+        "hardware": ob.hardware(threads),
+        "builds": builds,
+        "ratios": {"int8_speedup_vs_eager_b1": e["p50_ms_b1"] / q["p50_ms_b1"],
+                   "int8_throughput_vs_fp32_b32": q["throughput_b32"] / f["throughput_b32"],
+                   "int8_size_share_of_fp32": q["size_mb"] / f["size_mb"],
+                   "int8_accuracy_drop_points": (acc["onnx_fp32"] - acc["onnx_int8"]) * 100},
+        "parity": par.as_dict(),
+        "int8": {"status": status, "reason": chosen["reason"], "agreement": chosen["agreement"],
+                 "chosen": {k: chosen[k] for k in ("name", "fusion", "per_channel", "reduce_range")},
+                 "selection": "fastest batch-32 throughput among candidates passing the gate"},
+        "candidates": [{k: v for k, v in c.items() if k != "path"} for c in candidates],
+    }
+    (out / "report.json").write_text(json.dumps(report, indent=2))
+    (out / "report.md").write_text(render_markdown(report))
+    plot(report, out / "speed.png")
+    shutil.rmtree(work, ignore_errors=True)
+    return report
+
+
+def render_markdown(r: dict[str, Any]) -> str:
+    hw = r["hardware"]
+    lines = [f"# Export report ({r['test_rows']} test rows, opset {r['opset']})", "",
+             f"{hw['cpu']}, {hw['cores']} cores, {hw['threads']} threads; torch {hw['torch']}, "
+             f"onnxruntime {hw['onnxruntime']}", "",
+             "| build | size MB | p50 ms b1 | p99 ms b1 | rows/s b32 | accuracy |",
+             "|---|---:|---:|---:|---:|---:|"]
+    for k, b in r["builds"].items():
+        lines.append(f"| {k} | {b['size_mb']:.1f} | {b['p50_ms_b1']:.2f} | {b['p99_ms_b1']:.2f} | "
+                     f"{b['throughput_b32']:.0f} | {b['accuracy']:.4f} |")
+    ra = r["ratios"]
+    lines += ["", f"int8 vs eager at batch 1: {ra['int8_speedup_vs_eager_b1']:.2f}x; int8 vs fp32 "
+              f"throughput at batch 32: {ra['int8_throughput_vs_fp32_b32']:.2f}x; int8 size "
+              f"{ra['int8_size_share_of_fp32']:.1%} of fp32; accuracy drop "
+              f"{ra['int8_accuracy_drop_points']:.2f} points.",
+              f"fp32 parity: max |logit diff| {r['parity']['max_abs_diff']:.2e}, argmax agreement "
+              f"{r['parity']['argmax_agreement']:.4f}.",
+              f"int8 build: **{r['int8']['status']}** ({r['int8']['reason']}); chosen "
+              f"{r['int8']['chosen']['name']} ({r['int8']['selection']}).", "",
+              "| candidate | passed | accuracy | agreement | rows/s b32 | p50 ms b1 |",
+              "|---|---|---:|---:|---:|---:|"]
+    for c in r["candidates"]:
+        if "error" in c:
+            lines.append(f"| {c['name']} | error: {c['error'][:80]} | | | | |")
+        else:
+            lines.append(f"| {c['name']} | {c['passed']} | {c['accuracy']:.4f} | {c['agreement']:.4f} | "
+                         f"{c['throughput_b32']:.0f} | {c['p50_ms_b1']:.2f} |")
+    return "\n".join(lines) + "\n"
+
+
+def plot(r: dict[str, Any], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = list(r["builds"])
+    fig, axes = plt.subplots(1, 3, figsize=(11, 3.2))
+    for ax, key, title in zip(axes, ("p50_ms_b1", "throughput_b32", "size_mb"),
+                              ("batch-1 latency p50 (ms)", "batch-32 throughput (rows/s)", "size (MB)"),
+                              strict=True):
+        vals = [r["builds"][n][key] for n in names]
+        ax.bar(names, vals, color=["#888", "#4a7", "#27c"])
+        ax.set_title(title, fontsize=9)
+        ax.tick_params(axis="x", labelsize=8)
+        for i, v in enumerate(vals):
+            ax.text(i, v, f"{v:.1f}", ha="center", va="bottom", fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

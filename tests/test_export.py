@@ -1,0 +1,180 @@
+"""ONNX export: parity, dynamic axes, the int8 gate passing and failing, bad input.
+
+One small encoder is trained once for the module (a real ``training.train`` process on
+five Banking77 classes); every test exports or quantizes that model for real."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pandas as pd
+import pytest
+from test_training import make_curated, run, write_config
+
+from export import build, onnx_build
+from export.runtime import BuildError, OnnxClassifier, TextEncoder, session
+from pipeline.config import ExportConfig
+
+MAX_LEN = 64
+CLASSES = ["age_limit", "apple_pay_or_google_pay", "card_arrival", "exchange_rate", "top_up_failed",
+           "lost_or_stolen_card", "pin_blocked", "cash_withdrawal_charge"]  # the dynamic-axes check runs sequence 64
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory, project_env) -> dict:
+    import sys
+
+    root = tmp_path_factory.mktemp("export-model")
+    # 8 classes x 40 test rows: one flipped row moves accuracy 0.31 points, finer than the gate.
+    curated, labels = make_curated(root / "data", n_train=60, n_test=40, classes=CLASSES)
+    cfg = write_config(root / "cfg.json", epochs=6, batch_size=16, lr=2e-3, max_length=MAX_LEN)
+    out = root / "out"
+    env = {k: v for k, v in project_env.items() if not k.startswith("MLFLOW_")}
+    res = run([sys.executable, "-m", "training.train", "--curated", str(curated), "--labels",
+               str(labels), "--out", str(out), "--config", str(cfg)], env)
+    assert res.returncode == 0, res.stderr[-4000:]
+    test = pd.read_parquet(curated).query("split == 'test'")
+    return {"model_dir": out / "model", "texts": test.text.tolist(), "ids": test.record_id.tolist(),
+            "labels": test.label.str.lower().str.replace(" ", "_").tolist()}
+
+
+def small_cfg(**kw) -> ExportConfig:
+    return ExportConfig(**({"fusions": ["none", "full"], "per_channel": [False, True],
+                            "reduce_range": [False], "latency_samples": 20, "throughput_batches": 3,
+                            "candidate_batches": 2} | kw))
+
+
+def torch_model(model_dir: Path):
+    from training.models import load_trained
+
+    return load_trained(model_dir)[0]
+
+
+def test_export_has_dynamic_axes_and_matches_pytorch_at_every_shape(trained, tmp_path):
+    d = onnx_build.export_fp32(trained["model_dir"], tmp_path / "fp32", opset=17)
+    g = onnx.load(str(d / "model.onnx"))
+    assert [(i.name, [x.dim_param for x in i.type.tensor_type.shape.dim]) for i in g.graph.input] == [
+        ("input_ids", ["batch", "sequence"]), ("attention_mask", ["batch", "sequence"])]
+    assert {o.domain: o.version for o in g.opset_import}[""] == 17
+    pre = json.loads((d / "preprocessing.json").read_text())
+    assert pre["max_length"] == MAX_LEN and pre["input_names"] == ["input_ids", "attention_mask"]
+    assert json.loads((d / "labels.json").read_text()) == json.loads(
+        (trained["model_dir"] / "labels.json").read_text())
+    ref, sess = onnx_build.torch_logits_fn(torch_model(trained["model_dir"])), session(d / "model.onnx")
+    rng = np.random.default_rng(1)
+    for b in (1, 3, 17):
+        for s in (5, 64):
+            ids = rng.integers(5, 1000, (b, s), dtype=np.int64)
+            mask = np.ones((b, s), dtype=np.int64)
+            mask[0, s // 2:] = 0  # a padded row
+            got = sess.run(None, {"input_ids": ids, "attention_mask": mask})[0]
+            assert got.shape == (b, len(CLASSES))
+            assert np.abs(got - ref(ids, mask)).max() <= 1e-4
+
+
+def test_build_all_parity_int8_gate_and_report(trained, tmp_path):
+    from training.predictor import Predictor
+
+    rep = build.build_all(trained["model_dir"], trained["texts"], trained["labels"], trained["ids"],
+                          small_cfg(), tmp_path)
+    assert rep["parity"]["passed"] and rep["parity"]["rows"] == len(trained["texts"]) == 320
+    assert rep["parity"]["max_abs_diff"] <= 1e-4 and rep["parity"]["argmax_agreement"] == 1.0
+    assert rep["int8"]["status"] == "passed", rep["int8"]
+    names = {c["name"] for c in rep["candidates"]}
+    assert names == {"none-pc0-rr0", "none-pc1-rr0", "full-pc0-rr0", "full-pc1-rr0"}
+    chosen = next(c for c in rep["candidates"] if c["name"] == rep["int8"]["chosen"]["name"])
+    assert chosen["passed"] and chosen["throughput_b32"] == max(
+        c["throughput_b32"] for c in rep["candidates"] if c["passed"])
+    for b in ("pytorch_eager", "onnx_fp32", "onnx_int8"):
+        v = rep["builds"][b]
+        assert v["p99_ms_b1"] >= v["p50_ms_b1"] > 0 and v["throughput_b32"] > 0 and v["size_mb"] > 0
+    assert rep["builds"]["onnx_int8"]["size_mb"] < 0.5 * rep["builds"]["onnx_fp32"]["size_mb"]
+    assert rep["hardware"]["threads"] >= 1 and rep["hardware"]["onnxruntime"]
+    for f in ("report.json", "report.md", "speed.png"):
+        assert (tmp_path / f).stat().st_size > 0
+    assert not (tmp_path / ".work").exists()
+    pre = json.loads((tmp_path / "int8" / "preprocessing.json").read_text())
+    assert pre["build"] == "int8" and pre["status"] == "passed"
+    assert set(pre["quantization"]) >= {"per_channel", "reduce_range", "fusion"}
+    # The int8 build predicts from text alone, like PyTorch does.
+    onnx_labels, _ = OnnxClassifier(tmp_path / "int8").predict(trained["texts"])
+    torch_labels, _ = Predictor(trained["model_dir"]).predict(trained["texts"])
+    assert np.mean(np.array(onnx_labels) == np.array(torch_labels)) >= 0.99
+
+
+def test_corrupted_int8_weights_fail_the_gate_and_are_marked(trained, tmp_path, monkeypatch):
+    real = onnx_build.quantize
+
+    def corrupted(src, dst, per_channel, reduce_range, work):
+        path = real(src, dst, per_channel, reduce_range, work)
+        m = onnx.load(str(path))
+        rng = np.random.default_rng(0)
+        for init in m.graph.initializer:
+            if init.data_type == onnx.TensorProto.INT8:
+                arr = onnx.numpy_helper.to_array(init)
+                init.CopyFrom(onnx.numpy_helper.from_array(rng.permutation(arr.ravel()).reshape(arr.shape),
+                                                           init.name))
+        onnx.save(m, str(path))
+        return path
+
+    monkeypatch.setattr(onnx_build, "quantize", corrupted)
+    rep = build.build_all(trained["model_dir"], trained["texts"], trained["labels"], trained["ids"],
+                          small_cfg(fusions=["none"], per_channel=[False]), tmp_path)
+    assert rep["int8"]["status"] == "failed"
+    assert "agreement" in rep["int8"]["reason"] or "accuracy drop" in rep["int8"]["reason"]
+    pre = json.loads((tmp_path / "int8" / "preprocessing.json").read_text())
+    assert pre["status"] == "failed"  # attached for inspection, refused by serving
+
+
+def test_int8_gate_limits():
+    assert onnx_build.int8_gate(0.90, 0.896, 0.995, 0.005, 0.99)[0]
+    ok, why = onnx_build.int8_gate(0.90, 0.89, 0.995, 0.005, 0.99)
+    assert not ok and "accuracy drop 1.00 points" in why
+    ok, why = onnx_build.int8_gate(0.90, 0.90, 0.98, 0.005, 0.99)
+    assert not ok and "agreement" in why
+
+
+def test_parity_failure_names_the_first_differing_rows():
+    ref = np.zeros((6, 3), dtype=np.float32)
+    ref[:, 0] = 1.0
+    got = ref.copy()
+    got[2, 1] = 5.0  # argmax flips
+    got[4, 2] = 2e-3  # beyond tolerance, same argmax
+    p = onnx_build.parity(ref, got, [f"r{i}" for i in range(6)], atol=1e-4)
+    assert not p.passed and [r["row"] for r in p.differing_rows] == [2, 4]
+    msg = onnx_build.parity_message(p)
+    assert "row 2 (record r2)" in msg and "row 4 (record r4)" in msg and "5.000e+00" in msg
+
+
+def test_fixed_batch_graph_is_rejected(trained, tmp_path):
+    with pytest.raises(onnx_build.ExportError, match="fixed batch axis"):
+        onnx_build.export_fp32(trained["model_dir"], tmp_path, opset=17, dynamic=False)
+
+
+def test_unsupported_opset_fails_clearly(trained, tmp_path):
+    assert onnx_build.runtime_supports_opset(17)[0]
+    with pytest.raises(onnx_build.ExportError, match="opset 99 is outside"):
+        onnx_build.export_fp32(trained["model_dir"], tmp_path, opset=99)
+    ok, why = onnx_build.runtime_supports_opset(99)
+    assert not ok and why
+
+
+def test_model_folder_without_artifacts_fails_clearly(trained, tmp_path):
+    partial = tmp_path / "model"
+    shutil.copytree(trained["model_dir"], partial)
+    (partial / "tokenizer.json").unlink()
+    with pytest.raises(onnx_build.ExportError, match="lacks tokenizer.json"):
+        onnx_build.export_fp32(partial, tmp_path / "out", opset=17)
+    with pytest.raises(BuildError, match="lacks"):
+        OnnxClassifier(tmp_path)
+
+
+def test_text_encoder_pads_to_the_longest_row_and_truncates(trained):
+    enc = TextEncoder(trained["model_dir"] / "tokenizer.json", 8, 0)
+    ids, mask = enc(["hi", "a much longer message about my card that never arrived"])
+    assert ids.shape == mask.shape == (2, 8) and ids.dtype == np.int64
+    assert mask[0].sum() < 8 and mask[1].sum() == 8 and (ids[0][mask[0] == 0] == 0).all()
