@@ -65,7 +65,7 @@ def build_all(model_dir: str | Path, texts: Sequence[str], labels: Sequence[str]
     # The reference is the model exactly as PyTorch serves it (SDPA attention).
     model, spec = load_trained(model_dir)
     torch_fn = ob.torch_logits_fn(model)
-    fp32_sess = session(fp32_dir / MODEL_FILE, threads)
+    fp32_sess = session(fp32_dir / MODEL_FILE, threads, spin=False)
     fp32_fn = ob.onnx_logits_fn(fp32_sess)
     ref = ob.batched_logits(torch_fn, encoder, texts)
     got = ob.batched_logits(fp32_fn, encoder, texts)
@@ -88,7 +88,7 @@ def build_all(model_dir: str | Path, texts: Sequence[str], labels: Sequence[str]
         for pc, rr in itertools.product(cfg.per_channel, cfg.reduce_range):
             name = f"{fusion}-pc{int(pc)}-rr{int(rr)}"
             path = ob.quantize(src, work / f"{name}.onnx", pc, rr, work)
-            sess = session(path, threads)
+            sess = session(path, threads, spin=False)
             logits = ob.batched_logits(ob.onnx_logits_fn(sess), encoder, texts)
             agreement = float((logits.argmax(1) == got.argmax(1)).mean())
             int8_acc = ob.accuracy(logits, y)
@@ -117,9 +117,11 @@ def build_all(model_dir: str | Path, texts: Sequence[str], labels: Sequence[str]
                               "reduce_range": chosen["reduce_range"]})
     shutil.copy2(chosen["path"], int8_dir / MODEL_FILE)
     acc["onnx_int8"] = chosen["accuracy"]
+    fns.clear()  # release the candidates' sessions (and their thread pools) before the report
+    del sess
 
     # The report: the three builds side by side, the shipped int8 build reloaded from disk.
-    int8_fn = ob.onnx_logits_fn(session(int8_dir / MODEL_FILE, threads))
+    int8_fn = ob.onnx_logits_fn(session(int8_dir / MODEL_FILE, threads, spin=False))
     speed = ob.time_side_by_side({"pytorch_eager": torch_fn, "onnx_fp32": fp32_fn, "onnx_int8": int8_fn},
                                  encoder, texts, cfg.latency_samples, cfg.throughput_batches)
     sizes = {"pytorch_eager": ob.size_mb(model_dir / "model.pt"),

@@ -363,10 +363,12 @@ def hardware(threads: int) -> dict[str, Any]:
 
 def time_side_by_side(fns: dict[str, Callable[[np.ndarray, np.ndarray], np.ndarray]],
                       encoder: TextEncoder, texts: Sequence[str], latency_samples: int,
-                      throughput_batches: int, batch: int = 32) -> dict[str, dict[str, float]]:
-    """Batch-1 latency and batch-32 throughput of each function, interleaved: every text
-    (and every batch) runs through all builds before the next, so a noisy neighbour slows
-    all of them alike. Times the model call only; inputs are tokenized beforehand."""
+                      throughput_batches: int, batch: int = 32, block: int = 10) -> dict[str, dict[str, float]]:
+    """Batch-1 latency and batch-32 throughput of each function, interleaved in blocks:
+    ``block`` inputs through one build, the same inputs through the next, and so on, so a
+    noisy neighbour slows every build alike. The first call after each switch is not
+    timed (thread pools waking, caches). Times the model call only; inputs are tokenized
+    beforehand. ORT sessions timed together must be created with ``spin=False``."""
     singles = [encoder([t]) for t in texts[:latency_samples]]
     batches = [encoder(texts[i : i + batch]) for i in range(0, batch * throughput_batches, batch)
                if len(texts[i : i + batch]) == batch]
@@ -377,16 +379,19 @@ def time_side_by_side(fns: dict[str, Callable[[np.ndarray, np.ndarray], np.ndarr
     for fn in fns.values():  # warm-up: allocations, thread pools, lazy init
         for x in singles[:5] + batches[:2]:
             fn(*x)
-    for x in singles:
-        for k, fn in fns.items():
-            t0 = time.perf_counter()
-            fn(*x)
-            lat[k].append(time.perf_counter() - t0)
-    for x in batches:
-        for k, fn in fns.items():
-            t0 = time.perf_counter()
-            fn(*x)
-            bat[k].append(time.perf_counter() - t0)
+
+    def timed(inputs: list, into: dict[str, list[float]], size: int) -> None:
+        for i in range(0, len(inputs), size):
+            chunk = inputs[i : i + size]
+            for k, fn in fns.items():
+                fn(*chunk[0])
+                for x in chunk:
+                    t0 = time.perf_counter()
+                    fn(*x)
+                    into[k].append(time.perf_counter() - t0)
+
+    timed(singles, lat, block)
+    timed(batches, bat, max(1, block // 5))
     out = {}
     for k in fns:
         ms = np.array(lat[k]) * 1000

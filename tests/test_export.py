@@ -178,3 +178,46 @@ def test_text_encoder_pads_to_the_longest_row_and_truncates(trained):
     ids, mask = enc(["hi", "a much longer message about my card that never arrived"])
     assert ids.shape == mask.shape == (2, 8) and ids.dtype == np.int64
     assert mask[0].sum() < 8 and mask[1].sum() == 8 and (ids[0][mask[0] == 0] == 0).all()
+
+
+def test_builds_attach_to_a_version_once_and_a_version_without_a_model_fails(
+        trained, tmp_path, mlflow_server, monkeypatch):
+    import uuid
+
+    import mlflow
+    from mlflow.tracking import MlflowClient
+
+    from export import task
+    from pipeline.config import load_config
+
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", mlflow_server)
+    cfg = load_config(env={"MLFLOW_TRACKING_URI": mlflow_server})
+    out = tmp_path / "builds"
+    rep = build.build_all(trained["model_dir"], trained["texts"], trained["labels"], trained["ids"],
+                          small_cfg(fusions=["none"], per_channel=[True]), out)
+    client = MlflowClient(mlflow_server)
+    exp = client.create_experiment(f"export-attach-{uuid.uuid4().hex[:8]}")
+    rid = client.create_run(exp).info.run_id
+    note = tmp_path / "README.txt"
+    note.write_text("not a model")
+    client.log_artifact(rid, str(note), artifact_path="model")
+    name = f"export-attach-{uuid.uuid4().hex[:8]}"
+    client.create_registered_model(name)
+    mv = client.create_model_version(name, source=f"runs:/{rid}/model", run_id=rid)
+    with pytest.raises(onnx_build.ExportError, match="has no trained model folder"):
+        task.model_dir_of_version(cfg, name, mv.version, tmp_path / "dl")
+
+    uris = task.attach(cfg, name, mv.version, out, rep, key="key-1")
+    tags = client.get_model_version(name, mv.version).tags
+    assert tags["intentops.onnx.int8.status"] == "passed" and tags[task.KEY_TAG] == "key-1"
+    assert tags["intentops.onnx.int8.model_uri"] == uris["int8"]
+    assert client.get_run(rid).data.metrics["export_onnx_int8_size_mb"] == rep["builds"]["onnx_int8"]["size_mb"]
+    models = client.search_logged_models(experiment_ids=[exp])
+    assert sorted(m.tags.get("intentops.build") for m in models) == ["fp32", "int8"]
+    # Attaching again for the same export key reuses the builds: no third logged model.
+    assert task.attach(cfg, name, mv.version, out, rep, key="key-1") == uris
+    assert len(client.search_logged_models(experiment_ids=[exp])) == 2
+    mlflow.set_tracking_uri(mlflow_server)
+    folder = mlflow.artifacts.download_artifacts(artifact_uri=uris["int8"], dst_path=str(tmp_path / "int8"))
+    labels, scores = OnnxClassifier(folder).predict(trained["texts"][:5])
+    assert len(labels) == 5 and all(0 < s <= 1 for s in scores)
