@@ -7,6 +7,7 @@ import os
 import sys
 from pathlib import Path
 
+import pandas as pd
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -86,3 +87,26 @@ def mlflow_server(tmp_path_factory, project_env):
         proc.wait(timeout=20)
     except subprocess.TimeoutExpired:
         proc.kill()
+
+
+EXPORT_CLASSES = ["age_limit", "apple_pay_or_google_pay", "card_arrival", "exchange_rate", "top_up_failed",
+                  "lost_or_stolen_card", "pin_blocked", "cash_withdrawal_charge"]
+
+
+@pytest.fixture(scope="session")
+def trained(tmp_path_factory, project_env) -> dict:
+    """A small encoder trained on 8 Banking77 classes (a real training.train process)."""
+    from test_training import make_curated, run, write_config
+
+    root = tmp_path_factory.mktemp("export-model")
+    # 8 classes x 40 test rows: one flipped row moves accuracy 0.31 points, finer than the gate.
+    curated, labels = make_curated(root / "data", n_train=60, n_test=40, classes=EXPORT_CLASSES)
+    cfg = write_config(root / "cfg.json", epochs=6, batch_size=16, lr=2e-3, max_length=64)
+    out = root / "out"
+    env = {k: v for k, v in project_env.items() if not k.startswith("MLFLOW_")}
+    res = run([sys.executable, "-m", "training.train", "--curated", str(curated), "--labels",
+               str(labels), "--out", str(out), "--config", str(cfg)], env)
+    assert res.returncode == 0, res.stderr[-4000:]
+    test = pd.read_parquet(curated).query("split == 'test'")
+    return {"model_dir": out / "model", "texts": test.text.tolist(), "ids": test.record_id.tolist(),
+            "labels": test.label.str.lower().str.replace(" ", "_").tolist()}

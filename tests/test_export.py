@@ -1,7 +1,7 @@
 """ONNX export: parity, dynamic axes, the int8 gate passing and failing, bad input.
 
-One small encoder is trained once for the module (a real ``training.train`` process on
-five Banking77 classes); every test exports or quantizes that model for real."""
+One small encoder is trained once for the session (conftest ``trained`` (a real ``training.train`` process on
+eight Banking77 classes)); every test exports or quantizes that model for real."""
 
 from __future__ import annotations
 
@@ -11,35 +11,14 @@ from pathlib import Path
 
 import numpy as np
 import onnx
-import pandas as pd
 import pytest
-from test_training import make_curated, run, write_config
+from conftest import EXPORT_CLASSES as CLASSES
 
 from export import build, onnx_build
 from export.runtime import BuildError, OnnxClassifier, TextEncoder, session
 from pipeline.config import ExportConfig
 
-MAX_LEN = 64
-CLASSES = ["age_limit", "apple_pay_or_google_pay", "card_arrival", "exchange_rate", "top_up_failed",
-           "lost_or_stolen_card", "pin_blocked", "cash_withdrawal_charge"]  # the dynamic-axes check runs sequence 64
-
-
-@pytest.fixture(scope="module")
-def trained(tmp_path_factory, project_env) -> dict:
-    import sys
-
-    root = tmp_path_factory.mktemp("export-model")
-    # 8 classes x 40 test rows: one flipped row moves accuracy 0.31 points, finer than the gate.
-    curated, labels = make_curated(root / "data", n_train=60, n_test=40, classes=CLASSES)
-    cfg = write_config(root / "cfg.json", epochs=6, batch_size=16, lr=2e-3, max_length=MAX_LEN)
-    out = root / "out"
-    env = {k: v for k, v in project_env.items() if not k.startswith("MLFLOW_")}
-    res = run([sys.executable, "-m", "training.train", "--curated", str(curated), "--labels",
-               str(labels), "--out", str(out), "--config", str(cfg)], env)
-    assert res.returncode == 0, res.stderr[-4000:]
-    test = pd.read_parquet(curated).query("split == 'test'")
-    return {"model_dir": out / "model", "texts": test.text.tolist(), "ids": test.record_id.tolist(),
-            "labels": test.label.str.lower().str.replace(" ", "_").tolist()}
+MAX_LEN = 64  # the fixture's max_length; the dynamic-axes check runs sequence 64
 
 
 def small_cfg(**kw) -> ExportConfig:

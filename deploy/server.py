@@ -1,0 +1,349 @@
+"""The model server: an ONNX build behind FastAPI/uvicorn, with dynamic micro-batching.
+
+    python -m deploy.server --build DIR | --model-uri models:/intentops-intent-classifier/3 \
+        [--host 127.0.0.1] [--port 8100] [--max-batch 32] [--max-delay-ms 5] [--max-queue 256]
+
+* ``POST /v1/predict`` with ``{"text": "..."}`` or ``{"texts": [...]}`` returns labels,
+  scores and the model version; the OpenAPI schema is at ``/openapi.json``.
+* Requests are queued and a single worker runs them in micro-batches: up to
+  ``max_batch`` texts, waiting at most ``max_delay_ms`` after the first one for more. The
+  queue is bounded; when it is full the server answers 503 with ``Retry-After`` at once
+  instead of letting latency grow without bound.
+* ``/health/live`` (the process answers), ``/health/ready`` (a model is loaded and has
+  answered a warm-up batch), ``/metrics`` (Prometheus: requests and errors by status,
+  latency and batch-size histograms, queue depth in requests, the loaded model version).
+* ``POST /admin/reload`` with ``{"build": DIR}`` or ``{"model_uri": ...}`` loads and warms
+  the new build beside the old one, then swaps the reference; batches already running
+  finish on the old one, so no request in flight fails.
+* API keys: ``INTENTOPS_API_KEYS`` (comma-separated) or ``INTENTOPS_API_KEYS_FILE`` (one
+  per line), sent as ``Authorization: Bearer <key>`` or ``X-API-Key``. With no key
+  configured the server refuses to start unless ``--no-auth`` is given. Health and metrics
+  need no key.
+
+Built by hand on FastAPI rather than on a model-serving framework: the micro-batching
+queue here is about 60 lines, and MLflow's ``models serve`` has no batching, no bounded
+queue and no hot reload; Triton/TorchServe need a separate runtime this project avoids.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import hmac
+import json
+import logging
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from fastapi import Depends, FastAPI, HTTPException, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, PlainTextResponse
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from export.runtime import OnnxClassifier
+
+log = logging.getLogger("intentops.server")
+
+
+@dataclass
+class ServerConfig:
+    max_batch: int = 32
+    max_delay_ms: float = 5.0
+    max_queue: int = 256
+    max_items: int = 64  # texts per request
+    max_chars: int = 1000  # like clean.max_chars: longer text is not a customer message
+    threads: int = 0
+    api_keys: list[str] = field(default_factory=list)
+
+
+def load_api_keys(env: dict[str, str] | None = None) -> list[str]:
+    env = dict(os.environ if env is None else env)
+    keys = [k.strip() for k in env.get("INTENTOPS_API_KEYS", "").split(",") if k.strip()]
+    if env.get("INTENTOPS_API_KEYS_FILE"):
+        keys += [k.strip() for k in Path(env["INTENTOPS_API_KEYS_FILE"]).read_text().splitlines()
+                 if k.strip() and not k.startswith("#")]
+    return keys
+
+
+class PredictRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    text: str | None = Field(None, description="one message")
+    texts: list[str] | None = Field(None, description="several messages")
+
+    @model_validator(mode="after")
+    def _one_of(self) -> PredictRequest:
+        if (self.text is None) == (self.texts is None):
+            raise ValueError("send exactly one of 'text' or 'texts'")
+        return self
+
+
+class Prediction(BaseModel):
+    label: str
+    score: float
+
+
+class PredictResponse(BaseModel):
+    model_version: str
+    predictions: list[Prediction]
+
+
+class ReloadRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    build: str | None = Field(None, description="an ONNX build folder")
+    model_uri: str | None = Field(None, description="an MLflow model URI of an ONNX build")
+
+
+@dataclass
+class LoadedModel:
+    classifier: OnnxClassifier
+    version: str
+    source: str
+
+
+def resolve_source(build: str | None, model_uri: str | None, dst: Path) -> tuple[Path, str]:
+    """A local build folder, or an MLflow model URI downloaded to ``dst``; (folder, version)."""
+    if build:
+        pre = json.loads((Path(build) / "preprocessing.json").read_text()) if (
+            Path(build) / "preprocessing.json").exists() else {}
+        return Path(build), str(pre.get("model_version", Path(build).name))
+    if not model_uri:
+        raise ValueError("give a build folder or a model URI")
+    import mlflow
+
+    folder = Path(mlflow.artifacts.download_artifacts(artifact_uri=model_uri, dst_path=str(dst)))
+    meta: dict[str, Any] = {}
+    with contextlib.suppress(Exception):
+        import yaml
+
+        meta = (yaml.safe_load((folder / "MLmodel").read_text()) or {}).get("metadata") or {}
+    if meta.get("intentops.status") == "failed":
+        raise ValueError(f"{model_uri} is an int8 build that failed its accuracy gate; not serving it")
+    return folder, str(meta.get("intentops.model_version", model_uri))
+
+
+class Metrics:
+    def __init__(self) -> None:
+        from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+        self.registry = CollectorRegistry()
+        self.requests = Counter("intentops_requests_total", "predict requests by HTTP status",
+                                ["status"], registry=self.registry)
+        self.latency = Histogram("intentops_request_seconds", "predict latency",
+                                 buckets=(.001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5),
+                                 registry=self.registry)
+        self.batch = Histogram("intentops_batch_size", "texts per model call",
+                               buckets=(1, 2, 4, 8, 16, 32, 64, 128), registry=self.registry)
+        self.queue = Gauge("intentops_queue_depth", "requests waiting for a batch", registry=self.registry)
+        self.version = Gauge("intentops_model_info", "the loaded model version (value 1)",
+                             ["version"], registry=self.registry)
+
+
+@dataclass
+class _Job:
+    texts: list[str]
+    future: asyncio.Future
+
+
+class Batcher:
+    """One worker drains a bounded queue into batches of at most ``max_batch`` texts."""
+
+    def __init__(self, server: ModelServer) -> None:
+        self.server = server
+        self.queue: asyncio.Queue[_Job] = asyncio.Queue(maxsize=server.cfg.max_queue)
+        self.task: asyncio.Task | None = None
+
+    def submit(self, texts: list[str]) -> asyncio.Future:
+        fut = asyncio.get_running_loop().create_future()
+        self.queue.put_nowait(_Job(texts, fut))  # QueueFull -> 503 in the handler
+        self.server.metrics.queue.set(self.queue.qsize())
+        return fut
+
+    async def run(self) -> None:
+        cfg = self.server.cfg
+        while True:
+            first = await self.queue.get()
+            jobs, n = [first], len(first.texts)
+            deadline = time.monotonic() + cfg.max_delay_ms / 1000
+            while n < cfg.max_batch:
+                timeout = deadline - time.monotonic()
+                if timeout <= 0:
+                    break
+                try:
+                    job = await asyncio.wait_for(self.queue.get(), timeout)
+                except TimeoutError:
+                    break
+                jobs.append(job)
+                n += len(job.texts)
+            self.server.metrics.queue.set(self.queue.qsize())
+            model = self.server.model  # a reload swaps this reference; this batch keeps its own
+            texts = [t for j in jobs for t in j.texts]
+            self.server.metrics.batch.observe(len(texts))
+            try:
+                labels, scores = await asyncio.to_thread(model.classifier.predict, texts, len(texts))
+            except Exception as exc:  # the model failed: every waiting request gets a 500
+                for j in jobs:
+                    if not j.future.done():
+                        j.future.set_exception(exc)
+                continue
+            i = 0
+            for j in jobs:
+                k = len(j.texts)
+                if not j.future.done():
+                    j.future.set_result((model.version, labels[i : i + k], scores[i : i + k]))
+                i += k
+
+
+class ModelServer:
+    def __init__(self, cfg: ServerConfig) -> None:
+        self.cfg = cfg
+        self.metrics = Metrics()
+        self.model: LoadedModel | None = None
+        self.ready = False
+        self.batcher = Batcher(self)
+        self._reload_lock = asyncio.Lock()
+
+    def load(self, folder: Path, version: str, source: str) -> LoadedModel:
+        clf = OnnxClassifier(folder, threads=self.cfg.threads)
+        clf.predict(["warm-up message about my card"] * min(4, self.cfg.max_batch))
+        return LoadedModel(clf, version, source)
+
+    def swap(self, model: LoadedModel) -> None:
+        old = self.model
+        self.model = model
+        if old is not None:
+            self.metrics.version.remove(old.version)
+        self.metrics.version.labels(model.version).set(1)
+        self.ready = True
+
+
+def create_app(server: ModelServer, initial: tuple[Path, str, str] | None = None) -> FastAPI:
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI):
+        if initial is not None:
+            server.swap(await asyncio.to_thread(server.load, *initial))
+        server.batcher.task = asyncio.create_task(server.batcher.run())
+        yield
+        server.batcher.task.cancel()
+
+    app = FastAPI(title="intentops model server", version="1", lifespan=lifespan)
+
+    def auth(request: Request) -> None:
+        if not server.cfg.api_keys:
+            return
+        given = request.headers.get("x-api-key") or ""
+        bearer = request.headers.get("authorization", "")
+        if bearer.lower().startswith("bearer "):
+            given = bearer[7:].strip()
+        if not any(hmac.compare_digest(given, k) for k in server.cfg.api_keys):
+            raise HTTPException(401, "missing or unknown API key", headers={"WWW-Authenticate": "Bearer"})
+
+    @app.post("/v1/predict", response_model=PredictResponse, dependencies=[Depends(auth)])
+    async def predict(req: PredictRequest) -> PredictResponse:
+        t0 = time.perf_counter()
+        try:
+            texts = [req.text] if req.text is not None else list(req.texts or [])
+            if not texts:
+                raise HTTPException(422, "'texts' is empty")
+            if len(texts) > server.cfg.max_items:
+                raise HTTPException(413, f"{len(texts)} texts in one request; at most {server.cfg.max_items}")
+            for i, t in enumerate(texts):
+                if not t.strip():
+                    raise HTTPException(422, f"text {i} is empty")
+                if len(t) > server.cfg.max_chars:
+                    raise HTTPException(422, f"text {i} has {len(t)} characters; at most {server.cfg.max_chars}")
+            if not server.ready:
+                raise HTTPException(503, "no model loaded yet", headers={"Retry-After": "1"})
+            try:
+                fut = server.batcher.submit(texts)
+            except asyncio.QueueFull:
+                raise HTTPException(503, "overloaded: the request queue is full",
+                                    headers={"Retry-After": "1"}) from None
+            try:
+                version, labels, scores = await fut
+            except Exception as exc:
+                log.exception("model call failed")
+                raise HTTPException(500, f"model error: {type(exc).__name__}") from None
+            server.metrics.requests.labels("200").inc()
+            return PredictResponse(model_version=version, predictions=[
+                Prediction(label=lab, score=s) for lab, s in zip(labels, scores, strict=True)])
+        except HTTPException as exc:
+            server.metrics.requests.labels(str(exc.status_code)).inc()
+            raise
+        finally:
+            server.metrics.latency.observe(time.perf_counter() - t0)
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
+        # FastAPI echoes the offending input by default; a message may be personal data.
+        server.metrics.requests.labels("422").inc()
+        detail = [{k: v for k, v in e.items() if k in ("loc", "msg", "type")} for e in exc.errors()]
+        return JSONResponse({"detail": detail}, status_code=422)
+
+    @app.get("/health/live")
+    async def live() -> dict[str, str]:
+        return {"status": "alive"}
+
+    @app.get("/health/ready")
+    async def ready() -> JSONResponse:
+        if not server.ready or server.model is None:
+            return JSONResponse({"status": "loading"}, status_code=503)
+        return JSONResponse({"status": "ready", "model_version": server.model.version})
+
+    @app.get("/metrics")
+    async def metrics() -> PlainTextResponse:
+        from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+        return PlainTextResponse(generate_latest(server.metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+    @app.post("/admin/reload", dependencies=[Depends(auth)])
+    async def reload(req: ReloadRequest) -> dict[str, str]:
+        import tempfile
+
+        async with server._reload_lock:
+            try:
+                dst = Path(tempfile.mkdtemp(prefix="intentops-serve-"))
+                folder, version = await asyncio.to_thread(resolve_source, req.build, req.model_uri, dst)
+                model = await asyncio.to_thread(server.load, folder, version, req.build or req.model_uri or "")
+            except Exception as exc:
+                raise HTTPException(422, f"reload refused: {exc}") from None
+            server.swap(model)
+        return {"status": "reloaded", "model_version": version}
+
+    return app
+
+
+def main(argv: list[str] | None = None) -> int:
+    import tempfile
+
+    import uvicorn
+
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    src = ap.add_mutually_exclusive_group(required=True)
+    src.add_argument("--build", help="an ONNX build folder (export stage output)")
+    src.add_argument("--model-uri", help="an MLflow model URI of an ONNX build")
+    ap.add_argument("--host", default="127.0.0.1")
+    ap.add_argument("--port", type=int, default=8100)
+    ap.add_argument("--max-batch", type=int, default=32)
+    ap.add_argument("--max-delay-ms", type=float, default=5.0)
+    ap.add_argument("--max-queue", type=int, default=256)
+    ap.add_argument("--threads", type=int, default=0)
+    ap.add_argument("--no-auth", action="store_true", help="serve without API keys (local tests only)")
+    args = ap.parse_args(argv)
+    keys = load_api_keys()
+    if not keys and not args.no_auth:
+        ap.error("no API key configured: set INTENTOPS_API_KEYS or INTENTOPS_API_KEYS_FILE (or --no-auth)")
+    cfg = ServerConfig(max_batch=args.max_batch, max_delay_ms=args.max_delay_ms, max_queue=args.max_queue,
+                       threads=args.threads, api_keys=keys)
+    folder, version = resolve_source(args.build, args.model_uri, Path(tempfile.mkdtemp(prefix="intentops-serve-")))
+    server = ModelServer(cfg)
+    app = create_app(server, (folder, version, args.build or args.model_uri))
+    uvicorn.run(app, host=args.host, port=args.port, log_level="info", access_log=False)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,173 @@
+"""The model server as a real uvicorn process, under real concurrent HTTP load."""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+from conftest import ROOT, _free_port
+
+from export import build, onnx_build
+from pipeline.config import ExportConfig
+
+KEY = "test-key-not-secret"
+
+
+@pytest.fixture(scope="module")
+def builds(trained, tmp_path_factory) -> dict[str, Path]:
+    out = tmp_path_factory.mktemp("serve-builds")
+    b = build.build_all(trained["model_dir"], trained["texts"], trained["labels"], trained["ids"],
+                        ExportConfig(fusions=["none"], per_channel=[True], reduce_range=[False],
+                                     latency_samples=10, throughput_batches=2, candidate_batches=2),
+                        out)
+    assert b["int8"]["status"] == "passed"
+    fp32b = onnx_build.export_fp32(trained["model_dir"], out / "second", opset=17)
+    return {"int8": out / "int8", "fp32": fp32b}
+
+
+def start(build_dir: Path, env: dict[str, str], *extra: str) -> tuple[subprocess.Popen, str]:
+    port = _free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "deploy.server", "--build", str(build_dir),
+                             "--port", str(port), *extra], env=env, cwd=ROOT,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.time() + 60
+    while time.time() < deadline:
+        if proc.poll() is not None:
+            raise AssertionError(proc.stdout.read())
+        try:
+            if httpx.get(f"{url}/health/ready", timeout=1).status_code == 200:
+                return proc, url
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.2)
+    proc.kill()
+    raise AssertionError("server never became ready")
+
+
+@pytest.fixture
+def server(builds, project_env):
+    env = dict(project_env, INTENTOPS_API_KEYS=KEY)
+    proc, url = start(builds["int8"], env, "--max-batch", "16", "--max-delay-ms", "10", "--max-queue", "64")
+    yield url
+    proc.terminate()
+    proc.wait(timeout=20)
+
+
+H = {"Authorization": f"Bearer {KEY}"}
+
+
+def test_predict_validates_and_authenticates(server, trained):
+    r = httpx.post(f"{server}/v1/predict", json={"texts": trained["texts"][:3]}, headers=H)
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert body["model_version"] and len(body["predictions"]) == 3
+    assert all(0 < p["score"] <= 1 for p in body["predictions"])
+    assert httpx.post(f"{server}/v1/predict", json={"text": "hi"}).status_code == 401
+    assert httpx.post(f"{server}/v1/predict", json={"text": "hi"},
+                      headers={"X-API-Key": "wrong"}).status_code == 401
+    assert httpx.post(f"{server}/v1/predict", json={"text": "hi"}, headers={"X-API-Key": KEY}).status_code == 200
+    bad = [({"text": "   "}, 422, "empty"), ({"text": "x" * 1001}, 422, "at most 1000"),
+           ({"texts": []}, 422, "empty"), ({"texts": ["a"] * 65}, 413, "at most 64"),
+           ({"text": 5}, 422, "string"), ({"text": "a", "texts": ["b"]}, 422, "exactly one")]
+    for payload, status, words in bad:
+        r = httpx.post(f"{server}/v1/predict", json=payload, headers=H)
+        assert r.status_code == status and words in r.text, (payload, r.status_code, r.text)
+    secret = "call me on +44 7700 900123"
+    r = httpx.post(f"{server}/v1/predict", json={"text": secret, "extra": 1}, headers=H)
+    assert r.status_code == 422 and secret not in r.text  # errors never echo the input
+    assert "/v1/predict" in httpx.get(f"{server}/openapi.json").json()["paths"]
+
+
+def test_concurrent_load_is_micro_batched_and_metered(server, trained):
+    texts = trained["texts"]
+
+    def one(i: int) -> int:
+        r = httpx.post(f"{server}/v1/predict", json={"text": texts[i % len(texts)]}, headers=H, timeout=30)
+        return r.status_code
+
+    with cf.ThreadPoolExecutor(16) as pool:
+        codes = list(pool.map(one, range(400)))
+    assert codes.count(200) + codes.count(503) == 400 and codes.count(200) > 300
+    m = httpx.get(f"{server}/metrics").text
+    assert 'intentops_requests_total{status="200"}' in m
+    # Batches of more than one text happened: the batch-size histogram's count is lower
+    # than the number of texts served.
+    batches = float(next(line.split()[-1] for line in m.splitlines()
+                         if line.startswith("intentops_batch_size_count")))
+    served = float(next(line.split()[-1] for line in m.splitlines()
+                        if line.startswith("intentops_batch_size_sum")))
+    assert batches < served
+    assert "intentops_request_seconds_bucket" in m and "intentops_queue_depth" in m
+    assert "intentops_model_info{" in m
+
+
+def test_overload_is_shed_with_503_and_retry_after(builds, project_env, trained):
+    env = dict(project_env, INTENTOPS_API_KEYS=KEY)
+    proc, url = start(builds["int8"], env, "--max-batch", "1", "--max-delay-ms", "0", "--max-queue", "2",
+                      "--threads", "1")
+    try:
+        payload = {"texts": trained["texts"][:64]}
+
+        def one(_: int) -> httpx.Response:
+            return httpx.post(f"{url}/v1/predict", json=payload, headers=H, timeout=60)
+
+        with cf.ThreadPoolExecutor(24) as pool:
+            rs = list(pool.map(one, range(48)))
+        shed = [r for r in rs if r.status_code == 503]
+        assert shed and all(r.headers.get("retry-after") == "1" for r in shed)
+        assert all(r.status_code in (200, 503) for r in rs)
+    finally:
+        proc.terminate()
+        proc.wait(timeout=20)
+
+
+def test_hot_reload_drops_no_request(server, builds, trained):
+    texts = trained["texts"]
+    stop = time.time() + 6
+    codes: list[int] = []
+
+    def loop() -> None:
+        i = 0
+        while time.time() < stop:
+            r = httpx.post(f"{server}/v1/predict", json={"text": texts[i % len(texts)]}, headers=H, timeout=30)
+            codes.append(r.status_code)
+            i += 1
+
+    with cf.ThreadPoolExecutor(5) as pool:
+        futs = [pool.submit(loop) for _ in range(4)]
+        time.sleep(1.5)
+        r = httpx.post(f"{server}/admin/reload", json={"build": str(builds["fp32"])}, headers=H, timeout=60)
+        assert r.status_code == 200, r.text
+        for f in futs:
+            f.result()
+    assert codes and set(codes) == {200}, {c: codes.count(c) for c in set(codes)}
+    assert httpx.get(f"{server}/health/ready").json()["model_version"] == "second"
+    # A folder that is not a build is refused and the served model stays.
+    r = httpx.post(f"{server}/admin/reload", json={"build": str(ROOT)}, headers=H, timeout=60)
+    assert r.status_code == 422 and "lacks" in r.text
+    assert httpx.post(f"{server}/v1/predict", json={"text": "hi"}, headers=H).json()["model_version"] == "second"
+
+
+def test_refuses_to_start_without_keys_and_a_failed_int8_build(builds, project_env, tmp_path):
+    env = {k: v for k, v in project_env.items() if not k.startswith("INTENTOPS_API")}
+    r = subprocess.run([sys.executable, "-m", "deploy.server", "--build", str(builds["int8"])],
+                       env=env, cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert r.returncode != 0 and "no API key configured" in r.stderr
+    from deploy.server import resolve_source
+
+    mlmodel = tmp_path / "MLmodel"
+    mlmodel.write_text("metadata:\n  intentops.status: failed\n")
+    import mlflow.artifacts
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(mlflow.artifacts, "download_artifacts", lambda artifact_uri, dst_path: str(tmp_path))
+        with pytest.raises(ValueError, match="failed its accuracy gate"):
+            resolve_source(None, "models:/m-123", tmp_path)
+    assert json.loads((builds["int8"] / "preprocessing.json").read_text())["status"] == "passed"
