@@ -107,8 +107,9 @@ class LoadedModel:
 def resolve_source(build: str | None, model_uri: str | None, dst: Path) -> tuple[Path, str]:
     """A local build folder, or an MLflow model URI downloaded to ``dst``; (folder, version)."""
     if build:
-        pre = json.loads((Path(build) / "preprocessing.json").read_text()) if (
-            Path(build) / "preprocessing.json").exists() else {}
+        from export.runtime import resolve_build
+
+        pre = json.loads(resolve_build(build)["preprocessing.json"].read_text())
         return Path(build), str(pre.get("model_version", Path(build).name))
     if not model_uri:
         raise ValueError("give a build folder or a model URI")
@@ -122,7 +123,7 @@ def resolve_source(build: str | None, model_uri: str | None, dst: Path) -> tuple
         meta = (yaml.safe_load((folder / "MLmodel").read_text()) or {}).get("metadata") or {}
     if meta.get("intentops.status") == "failed":
         raise ValueError(f"{model_uri} is an int8 build that failed its accuracy gate; not serving it")
-    return folder, str(meta.get("intentops.model_version", model_uri))
+    return folder, str(meta.get("intentops.model_version", model_uri))  # export's metadata
 
 
 class Metrics:

@@ -158,6 +158,10 @@ def export(cfg: PipelineConfig, run_id: str) -> stage.StageResult:
             model_dir = model_dir_of_version(cfg, name, version, Path(tmp))
             report = build.build_all(model_dir, test.text.tolist(), test.label.tolist(),
                                      test.record_id.astype(str).tolist(), cfg.export, out)
+        for b in ("fp32", "int8"):  # serving reports the version it answers from
+            pre_file = out / b / "preprocessing.json"
+            pre = json.loads(pre_file.read_text()) | {"model_version": version, "registered_model": name}
+            pre_file.write_text(json.dumps(pre, indent=2))
         uris = attach(cfg, name, version, out, report, key)
         b = report["builds"]
         return {"rows_in": None, "kept": None, "exported": True, "model_version": version,

@@ -163,7 +163,9 @@ def test_dag_exports_onnx_builds_attached_to_the_registered_version(first_run, a
         uri = mv.tags[f"intentops.onnx.{b}.model_uri"]
         assert mlflow.onnx.load_model(uri).graph.input[0].name == "input_ids"
         folder = mlflow.artifacts.download_artifacts(artifact_uri=uri, dst_path=str(tmp_path / b))
-        preds[b] = OnnxClassifier(folder).predict(texts)[0]
+        clf = OnnxClassifier(folder)
+        assert clf.pre["model_version"] == mv.version  # what serving reports
+        preds[b] = clf.predict(texts)[0]
     assert len(preds["int8"]) == 3 and np.mean(np.array(preds["int8"]) == np.array(preds["fp32"])) >= 2 / 3
     text = (base / "lake" / "runs" / first_run[0] / "summary.txt").read_text()
     assert "int8 build PASSED" in text and "onnx_int8" in text
