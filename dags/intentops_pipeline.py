@@ -15,6 +15,8 @@ and a rerun with the same input and settings is a cache hit that does no work.
 | `labelqa` | label QA on the desensitized data: annotator agreement (Cohen, Fleiss, Krippendorff), Dawid-Skene consensus, confident learning (cleanlab) on cross-validated TF-IDF + logistic regression; publishes the curated train/val/test set, the relabel queue (CSV, Label Studio JSON) and an HTML report, logs to the MLflow experiment `intentops-data-quality`; fails below the quality bar, leaving the report and queue in place |
 | `train` | `torchrun` process group (2 processes, gloo on CPU) fine-tuning the intent classifier on the curated split; checkpoints every N steps, a retry resumes; MLflow run in `intentops-training` with lineage tags back to every data stage and the QA record; the model logged as a pyfunc |
 | `register` | behavioural checks (PII-placeholder and casing invariance, minimum functionality), then the registry gate: a new version with alias `challenger` only when it beats the `champion` by the margin; otherwise the run is tagged rejected with the reason. Runs in the pool `intentops_registry` (one slot) |
+| `export` | ONNX fp32 and int8 builds of the registered version, parity-checked, gated and timed, attached to the version |
+| `deploy` | canary rollout of the int8 build beside the stable model through the router: traffic steps with a bake time each, canary compared with stable on errors, latency, agreement and probe accuracy; promotes (alias `champion`, old one `previous`) or rolls back with the reason tagged on the version |
 | `summary` | rows in, kept, quarantined by reason, duplicates merged, PII by type, gate result and time, per stage |
 
 **Params** (the trigger form): `input_path` and `input_format` of the raw export,
@@ -22,7 +24,8 @@ and a rerun with the same input and settings is a cache hit that does no work.
 masking mode `pii_mode`, the gate's `max_duplicate_rate` / `max_residual_pii_rate`, and
 the label-QA bar `min_label_alpha` / `max_suspect_rate` with `label_suspects` (what the
 curated set does with suspects), the training choice and budget `model`, `epochs`,
-`max_steps`, `learning_rate`, and the registration `registration_margin`.
+`max_steps`, `learning_rate`, and the registration `registration_margin`, and the rollout's `canary_steps` and
+`canary_bake_seconds`.
 Paths relative to the project root are fine.
 
 **Pseudonym mode** reads its HMAC key from the Airflow connection `intentops_pseudonym`
@@ -178,6 +181,15 @@ def spark_stage(task_id: str, cls: type[SparkSubmitOperator] = SparkSubmitOperat
             None, type=["null", "number"], exclusiveMinimum=0,
             description="Peak learning rate (empty: the configured one, 1e-4 for MiniLM).",
         ),
+        "canary_steps": Param(
+            [10, 25, 50, 100], type="array", items={"type": "integer", "minimum": 1, "maximum": 100},
+            minItems=1,
+            description="Canary traffic steps in percent, rising, ending at 100.",
+        ),
+        "canary_bake_seconds": Param(
+            20, type="number", exclusiveMinimum=0, maximum=3600,
+            description="Seconds of live traffic per canary step, at least, before it is judged.",
+        ),
         "registration_margin": Param(
             0.0, type="number", minimum=0, maximum=1,
             description="Register only when test accuracy beats the champion's by at least this.",
@@ -205,6 +217,8 @@ def intentops_pipeline():
                 "labelqa.max_suspect_rate": params.get("max_suspect_rate"),
                 "labelqa.suspects": params.get("label_suspects"),
                 "training.margin": params.get("registration_margin"),
+                "deploy.steps": params.get("canary_steps"),
+                "deploy.bake_seconds": params.get("canary_bake_seconds"),
             },
             training_hparams={"model": params.get("model"), "epochs": params.get("epochs"),
                               "max_steps": params.get("max_steps"), "lr": params.get("learning_rate")},
@@ -302,7 +316,31 @@ def intentops_pipeline():
                   f"{r['int8_size_share_of_fp32']:.1%} of the fp32 size; report {result.path}/report.md")
         return result.path
 
-    @task
+    @task(retries=1, execution_timeout=timedelta(minutes=30))
+    def deploy(config_path: str, run_id: str) -> str:
+        """Canary rollout of the exported int8 build (deploy/canary.py). A rollback or a
+        refused build is a verdict, not a transient error: the stage records it (tags on
+        the version, rollout chart in MLflow) and the task fails at once with the reason."""
+        from airflow.sdk.exceptions import AirflowFailException
+
+        from deploy import task as dt
+        from pipeline.runs import load_run_config
+
+        cfg = load_run_config(config_path)
+        result = dt.deploy(cfg, run_id)
+        s = result.manifest["stats"]
+        print(f"deploy: {s['decision']}: {s['reason']}")
+        if s["decision"] in dt.FAILED_DECISIONS:
+            raise AirflowFailException(f"version {s.get('version')} {s['decision']}: {s['reason']}")
+        if s["decision"] in ("promoted", "already_serving"):
+            stable = dt.ensure_serving(cfg)  # a cache hit after `intentops deploy stop`
+            print(f"serving version {stable and stable['version']} behind the router at {dt.router_url(cfg)}")
+        return result.path
+
+    # The summary runs whatever the verdicts were, so a run that stopped at a gate or
+    # rolled back still gets its per-stage summary; `watcher` then keeps such a run failed
+    # (a DAG run's state follows its leaves, and the summary alone would say success).
+    @task(trigger_rule="all_done")
     def summary(config_path: str, run_id: str) -> str:
         """Per-stage summary of the run, logged and saved beside the run's pointers."""
         from pipeline.runs import write_summary
@@ -319,7 +357,16 @@ def intentops_pipeline():
     registered = register(config_path)
     exported = export(config_path)
     config_path >> clean >> dedup >> desensitize >> gate >> qa >> trained >> registered >> exported
-    exported >> summary(config_path)
+    @task(trigger_rule="one_failed", retries=0)
+    def watcher() -> None:
+        """Fails the run when any stage failed (Airflow's watcher pattern)."""
+        from airflow.sdk.exceptions import AirflowFailException
+
+        raise AirflowFailException("a stage of this run failed; see its log and the summary")
+
+    deployed = deploy(config_path)
+    exported >> deployed >> summary(config_path)
+    deployed >> watcher()
 
 
 intentops_pipeline()

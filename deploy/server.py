@@ -34,6 +34,7 @@ import hmac
 import json
 import logging
 import os
+import random
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -58,6 +59,10 @@ class ServerConfig:
     max_chars: int = 1000  # like clean.max_chars: longer text is not a customer message
     threads: int = 0
     api_keys: list[str] = field(default_factory=list)
+    # Fault injection for canary drills (like Envoy's fault filter): a share of requests
+    # answered 500, and a delay added to every request. Off by default.
+    inject_fail_rate: float = 0.0
+    inject_delay_ms: float = 0.0
 
 
 def load_api_keys(env: dict[str, str] | None = None) -> list[str]:
@@ -258,6 +263,10 @@ def create_app(server: ModelServer, initial: tuple[Path, str, str] | None = None
                     raise HTTPException(422, f"text {i} has {len(t)} characters; at most {server.cfg.max_chars}")
             if not server.ready:
                 raise HTTPException(503, "no model loaded yet", headers={"Retry-After": "1"})
+            if server.cfg.inject_delay_ms:
+                await asyncio.sleep(server.cfg.inject_delay_ms / 1000)
+            if server.cfg.inject_fail_rate and random.random() < server.cfg.inject_fail_rate:
+                raise HTTPException(500, "injected fault")
             try:
                 fut = server.batcher.submit(texts)
             except asyncio.QueueFull:
@@ -333,12 +342,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-queue", type=int, default=256)
     ap.add_argument("--threads", type=int, default=0)
     ap.add_argument("--no-auth", action="store_true", help="serve without API keys (local tests only)")
+    ap.add_argument("--inject-fail-rate", type=float, default=0.0,
+                    help="canary drills: answer this share of requests with 500")
+    ap.add_argument("--inject-delay-ms", type=float, default=0.0, help="canary drills: delay every request")
     args = ap.parse_args(argv)
     keys = load_api_keys()
     if not keys and not args.no_auth:
         ap.error("no API key configured: set INTENTOPS_API_KEYS or INTENTOPS_API_KEYS_FILE (or --no-auth)")
     cfg = ServerConfig(max_batch=args.max_batch, max_delay_ms=args.max_delay_ms, max_queue=args.max_queue,
-                       threads=args.threads, api_keys=keys)
+                       threads=args.threads, api_keys=keys, inject_fail_rate=args.inject_fail_rate,
+                       inject_delay_ms=args.inject_delay_ms)
     folder, version = resolve_source(args.build, args.model_uri, Path(tempfile.mkdtemp(prefix="intentops-serve-")))
     server = ModelServer(cfg)
     app = create_app(server, (folder, version, args.build or args.model_uri))

@@ -51,6 +51,15 @@ def main(argv: list[str] | None = None) -> int:
     _stage_parser(sub, "labelqa", "label QA and curated split (needs the run's validate output)")
     _stage_parser(sub, "export", "ONNX fp32 + int8 builds of the run's registered model version")
     _stage_parser(sub, "run", "every data stage in order, without Airflow")
+    dp = sub.add_parser("deploy", help="the serving deployment: status, rollout, rollback, stop")
+    dsub = dp.add_subparsers(dest="action", required=True)
+    for action, help_ in (("status", "versions, weights and health of the router and servers"),
+                          ("up", "start the router and the champion's server if they are not running"),
+                          ("rollback", "serve the 'previous' version now and swap champion/previous"),
+                          ("stop", "stop every process the deployment started")):
+        _stage_parser(dsub, action, help_)
+    ro = _stage_parser(dsub, "rollout", "canary rollout of the run's exported version (the DAG's deploy task)")
+    ro.set_defaults(cmd="deploy-rollout")
     e = sub.add_parser("evaluate", help="score a run's data stages against builder ground truth")
     e.add_argument("--run-id", required=True)
     e.add_argument("--ground-truth", required=True, help="the builder's ground_truth/ folder")
@@ -87,8 +96,46 @@ def main(argv: list[str] | None = None) -> int:
         return 3
 
 
+def _deploy(args: argparse.Namespace) -> int:
+    import json
+
+    from deploy.deployment import DeployError, Deployment
+    from jobs.spark import common
+
+    cfg = common.config_from_args(args)
+    dep = Deployment(cfg)
+    try:
+        if args.action == "status":
+            print(json.dumps(dep.status(), indent=2))
+        elif args.action == "up":
+            from deploy import task as dt
+
+            stable = dt.ensure_serving(cfg)
+            print(json.dumps({"router": dt.router_url(cfg), "stable": stable and stable["version"],
+                              "client_keys_file": str(dep.client_keys_file)}, indent=2))
+        elif args.action == "rollback":
+            print(json.dumps(dep.rollback(), indent=2))
+        elif args.action == "stop":
+            stopped = dep.stop()
+            print("stopped: " + (", ".join(stopped) if stopped else "nothing was running"))
+    except DeployError as exc:
+        print(f"ERROR: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
 def _dispatch(args: argparse.Namespace) -> int:
     from pipeline import runs
+
+    if args.cmd == "deploy" and args.action != "rollout":
+        return _deploy(args)
+    if args.cmd == "deploy-rollout":
+        from deploy import task as deploy_task
+        from jobs.spark import common
+
+        cfg = common.config_from_args(args)
+        print(deploy_task.deploy(cfg, run_id=args.run_id).to_json())
+        return 0
 
     if args.cmd == "summary":
         from pipeline.config import load_config

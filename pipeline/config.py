@@ -200,6 +200,45 @@ class ExportConfig(_Section):
     candidate_batches: int = Field(6, ge=2)
 
 
+class DeployConfig(_Section):
+    """Serving and the canary rollout (deploy/). Processes bind to ``host`` (localhost by
+    default); state, logs, downloaded builds and generated keys live under ``root``."""
+
+    root: str = "var/deploy"
+    host: str = "127.0.0.1"
+    router_port: int = Field(8200, ge=0, le=65535)  # 0: any free port
+    # Canary traffic steps in percent; the last must be 100 (the canary takes all traffic
+    # before it is promoted).
+    steps: list[int] = Field(default_factory=lambda: [10, 25, 50, 100], min_length=1)
+    bake_seconds: float = Field(20.0, gt=0)  # per step, at least
+    min_requests: int = Field(40, ge=1)  # canary requests per step before it is judged
+    shadow_share: float = Field(0.25, ge=0.0, le=1.0)  # of stable traffic mirrored to the canary
+    poll_seconds: float = Field(1.0, gt=0)
+    ready_timeout_seconds: float = Field(120.0, gt=0)
+    load_concurrency: int = Field(4, ge=1)  # the load generator's closed-loop clients
+    # Analysis limits: canary against stable (absolute limits on a first deployment).
+    max_error_rate: float = Field(0.01, ge=0.0, le=1.0)
+    max_latency_ratio: float = Field(2.0, ge=1.0)  # canary p50/p99 <= ratio x stable's + slack
+    latency_slack_ms: float = Field(25.0, ge=0.0)
+    max_p99_ms: float = Field(500.0, gt=0)  # first deployment, no stable to compare with
+    min_agreement: float = Field(0.8, ge=0.0, le=1.0)  # labels equal to stable's on mirrored traffic
+    min_compared: int = Field(20, ge=1)  # mirrored requests before agreement is judged
+    max_accuracy_drop: float = Field(0.05, ge=0.0, le=1.0)  # on labeled probe traffic, vs stable
+    min_probes: int = Field(30, ge=1)  # labeled probes per variant before accuracy is judged
+    # Model servers.
+    server_threads: int = Field(1, ge=0)  # ORT intra-op threads per server (two may run)
+    max_batch: int = Field(32, ge=1)
+    max_delay_ms: float = Field(5.0, ge=0.0)
+    max_queue: int = Field(256, ge=1)
+
+    @field_validator("steps")
+    @classmethod
+    def _steps(cls, v: list[int]) -> list[int]:
+        if any(not 0 < s <= 100 for s in v) or v != sorted(set(v)) or v[-1] != 100:
+            raise ValueError(f"steps must rise strictly within (0, 100] and end at 100, got {v}")
+        return v
+
+
 class SparkConfig(_Section):
     # Used when a job runs outside spark-submit (tests, `intentops clean`). Under Airflow the
     # master comes from the spark_default connection.
@@ -220,6 +259,7 @@ class PipelineConfig(_Section):
     tracking: TrackingConfig = Field(default_factory=TrackingConfig)
     training: TrainingConfig = Field(default_factory=TrainingConfig)
     export: ExportConfig = Field(default_factory=ExportConfig)
+    deploy: DeployConfig = Field(default_factory=DeployConfig)
     spark: SparkConfig = Field(default_factory=SparkConfig)
 
     @field_validator("lake_root")

@@ -18,7 +18,7 @@ from pipeline.stage import StageError, StageResult, atomic_write_text, run_dir, 
 log = logging.getLogger(__name__)
 
 # Stages in pipeline order; later issues append to it.
-STAGES = ("clean", "dedup", "desensitize", "validate", "labelqa", "train", "register", "export")
+STAGES = ("clean", "dedup", "desensitize", "validate", "labelqa", "train", "register", "export", "deploy")
 
 
 def save_run_config(cfg: PipelineConfig, run_id: str) -> str:
@@ -75,6 +75,9 @@ def stage_row(result: StageResult) -> dict[str, Any]:
         "exported": stats.get("exported"),
         "export": {k: stats.get(k) for k in ("int8_status", "int8_reason", "sizes_mb", "accuracy",
                                              "p50_ms_b1", "throughput_b32", "ratios")},
+        "deploy": {k: stats.get(k) for k in ("decision", "reason", "version", "stable_version",
+                                             "client_requests", "client_failures", "fallbacks",
+                                             "accuracy", "p99_ms", "seconds")} if "decision" in stats else None,
         "cache_hit": result.cache_hit,
         "output": result.path,
     }
@@ -122,6 +125,8 @@ def render(rows: list[dict[str, Any]], run_id: str) -> str:
                 f"{r['stage']}: test accuracy {r['test_accuracy']:.4f}, macro-F1 {r['test_macro_f1']:.4f}, "
                 f"{(r['train_samples_per_s'] or 0):.1f} train samples/s; MLflow run {r['mlflow_run_id']}"
             )
+        elif r.get("deploy"):
+            lines.extend(render_deploy(r))
         elif r.get("exported") is not None:
             lines.extend(render_export(r))
         elif r.get("registered") is not None:
@@ -147,6 +152,26 @@ def render_export(r: dict[str, Any]) -> list[str]:
     out.append(f"  int8: {ra['int8_speedup_vs_eager_b1']:.2f}x eager at batch 1, "
                f"{ra['int8_throughput_vs_fp32_b32']:.2f}x fp32 at batch 32, "
                f"{ra['int8_size_share_of_fp32']:.1%} of fp32 size")
+    return out
+
+
+def render_deploy(r: dict[str, Any]) -> list[str]:
+    d = r["deploy"]
+    if d["decision"] == "skipped":
+        return [f"{r['stage']}: skipped: {d['reason']}"]
+    out = [f"{r['stage']}: version {d['version']} {d['decision'].upper()}: {d['reason']}"]
+    if d.get("client_requests") is not None:
+        acc = d.get("accuracy") or {}
+        p99 = d.get("p99_ms") or {}
+
+        def f(v: Any, fmt: str) -> str:
+            return format(v, fmt) if isinstance(v, (int, float)) else "-"
+
+        out.append(f"  {d['client_requests']:,} probe requests through the router, {d['client_failures']} failed, "
+                   f"{d['fallbacks']} canary failures retried on stable, {f(d.get('seconds'), '.0f')} s; "
+                   f"accuracy canary {f(acc.get('canary'), '.3f')} stable {f(acc.get('stable'), '.3f')}; "
+                   f"p99 canary {f(p99.get('canary'), '.1f')} ms stable {f(p99.get('stable'), '.1f')} ms; "
+                   f"chart {r['output']}/rollout.png")
     return out
 
 

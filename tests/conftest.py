@@ -110,3 +110,18 @@ def trained(tmp_path_factory, project_env) -> dict:
     test = pd.read_parquet(curated).query("split == 'test'")
     return {"model_dir": out / "model", "texts": test.text.tolist(), "ids": test.record_id.tolist(),
             "labels": test.label.str.lower().str.replace(" ", "_").tolist()}
+
+
+@pytest.fixture(scope="session")
+def exported(trained, tmp_path_factory) -> dict:
+    """fp32 and int8 builds of the ``trained`` model (one candidate), with the report."""
+    from export import build
+    from pipeline.config import ExportConfig
+
+    out = tmp_path_factory.mktemp("exported")
+    rep = build.build_all(trained["model_dir"], trained["texts"], trained["labels"], trained["ids"],
+                          ExportConfig(fusions=["none"], per_channel=[True], reduce_range=[False],
+                                       latency_samples=10, throughput_batches=2, candidate_batches=2),
+                          out)
+    assert rep["int8"]["status"] == "passed", rep["int8"]["reason"]
+    return {"out": out, "report": rep}

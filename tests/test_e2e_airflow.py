@@ -34,6 +34,11 @@ def airflow_env(tmp_path_factory, project_env, mlflow_server):
         INTENTOPS__TRAINING__MIN_FUNCTIONALITY="0",
         INTENTOPS__TRAINING__MIN_INVARIANCE="0",
         INTENTOPS__TRAINING__NPROC_PER_NODE="2",
+        INTENTOPS__DEPLOY__ROOT=str(base / "deploy"),
+        INTENTOPS__DEPLOY__ROUTER_PORT="0",
+        INTENTOPS__DEPLOY__MIN_REQUESTS="15",
+        INTENTOPS__DEPLOY__MIN_PROBES="15",
+        INTENTOPS__DEPLOY__POLL_SECONDS="0.5",
     )
     raw = base / "raw"
     subprocess.run([sys.executable, "-m", "pipeline.rawdata", "--out", str(raw), "--rows", str(ROWS),
@@ -48,7 +53,8 @@ def airflow_env(tmp_path_factory, project_env, mlflow_server):
 # The small encoder and a step budget keep each DAG run's training to seconds; the
 # behavioural bar is lowered because 40 steps of a from-scratch model cannot meet it,
 # and this test is about the wiring (the registry gate has its own tests).
-TRAIN_CONF = {"model": "small", "epochs": 1, "max_steps": 40, "learning_rate": 0.002}
+TRAIN_CONF = {"model": "small", "epochs": 1, "max_steps": 40, "learning_rate": 0.002,
+              "canary_bake_seconds": 3}
 
 
 def _dags_test(env: dict[str, str], raw: Path) -> subprocess.CompletedProcess:
@@ -65,9 +71,13 @@ def _latest(lake: Path) -> tuple[str, dict]:
 @pytest.fixture(scope="module")
 def first_run(airflow_env):
     env, base, raw = airflow_env
-    out = _dags_test(env, raw)
-    assert out.returncode == 0, (out.stdout + out.stderr)[-6000:]
-    return _latest(base / "lake")
+    try:
+        out = _dags_test(env, raw)
+        assert out.returncode == 0, (out.stdout + out.stderr)[-6000:]
+        yield _latest(base / "lake")
+    finally:  # the deploy task leaves the model serving, as it should; the test stops it
+        subprocess.run([sys.executable, "-m", "pipeline.cli", "deploy", "stop"], env=env, cwd=ROOT,
+                       timeout=120, check=False)
 
 
 def test_dag_run_accounts_for_every_row(first_run, airflow_env):
@@ -171,6 +181,34 @@ def test_dag_exports_onnx_builds_attached_to_the_registered_version(first_run, a
     assert "int8 build PASSED" in text and "onnx_int8" in text
 
 
+def test_dag_deploys_the_version_behind_the_router(first_run, airflow_env):
+    """First deployment of the run's version: a plain rollout with the checks, promoted;
+    the alias champion moves to it, and the router answers from it."""
+    import httpx
+    from mlflow.tracking import MlflowClient
+
+    env, base, _ = airflow_env
+    _, summary = first_run
+    stages = {s["stage"]: s for s in summary["stages"]}
+    d, reg = stages["deploy"]["deploy"], stages["register"]
+    assert d["decision"] == "promoted", d
+    assert d["version"] == reg["model_version"] and d["client_failures"] == 0 and d["client_requests"] > 0
+    client = MlflowClient(env["MLFLOW_TRACKING_URI"])
+    rm = client.get_registered_model("intentops-intent-classifier")
+    assert rm.aliases.get("champion") == reg["model_version"]
+    mv = client.get_model_version("intentops-intent-classifier", reg["model_version"])
+    assert mv.tags["intentops.deploy.decision"] == "promoted"
+    assert f"deploy/v{mv.version}/rollout.png" in {
+        a.path for a in client.list_artifacts(mv.run_id, f"deploy/v{mv.version}")}
+    state = json.loads((base / "deploy" / "state.json").read_text())
+    key = (base / "deploy" / "secrets" / "client_keys").read_text().split()[0]
+    r = httpx.post(f"{state['router']['url']}/v1/predict", json={"text": "my card still has not arrived"},
+                   headers={"Authorization": f"Bearer {key}"}, timeout=10)
+    assert r.status_code == 200 and r.json()["model_version"] == reg["model_version"]
+    assert "deploy: version" in (base / "lake" / "runs").joinpath(
+        (base / "lake" / "runs" / "LATEST").read_text().strip(), "summary.txt").read_text()
+
+
 def test_label_qa_run_is_in_mlflow_and_the_curated_split_is_whole(first_run, airflow_env):
     from mlflow.tracking import MlflowClient
 
@@ -201,8 +239,9 @@ def test_no_planted_personal_data_downstream_of_desensitize(first_run, airflow_e
     _, base, raw = airflow_env
     run_name, summary = first_run
     lake = base / "lake"
-    roots = [stage.upstream(lake, run_name, n).path for n in ("desensitize", "validate")]
-    roots += [base / "airflow" / "logs", lake / "runs" / run_name]
+    roots = [stage.upstream(lake, run_name, n).path
+             for n in ("desensitize", "validate", "labelqa", "train", "register", "export", "deploy")]
+    roots += [base / "airflow" / "logs", lake / "runs" / run_name, base / "deploy" / "logs"]
     needles = leakscan.load_needles(raw / "ground_truth")
     assert len(needles) > 100
     assert leakscan.scan(roots, needles) == []

@@ -13,22 +13,15 @@ import httpx
 import pytest
 from conftest import ROOT, _free_port
 
-from export import build, onnx_build
-from pipeline.config import ExportConfig
+from export import onnx_build
 
 KEY = "test-key-not-secret"
 
 
 @pytest.fixture(scope="module")
-def builds(trained, tmp_path_factory) -> dict[str, Path]:
-    out = tmp_path_factory.mktemp("serve-builds")
-    b = build.build_all(trained["model_dir"], trained["texts"], trained["labels"], trained["ids"],
-                        ExportConfig(fusions=["none"], per_channel=[True], reduce_range=[False],
-                                     latency_samples=10, throughput_batches=2, candidate_batches=2),
-                        out)
-    assert b["int8"]["status"] == "passed"
-    fp32b = onnx_build.export_fp32(trained["model_dir"], out / "second", opset=17)
-    return {"int8": out / "int8", "fp32": fp32b}
+def builds(trained, exported, tmp_path_factory) -> dict[str, Path]:
+    fp32b = onnx_build.export_fp32(trained["model_dir"], tmp_path_factory.mktemp("second"), opset=17)
+    return {"int8": exported["out"] / "int8", "fp32": fp32b}
 
 
 def start(build_dir: Path, env: dict[str, str], *extra: str) -> tuple[subprocess.Popen, str]:
@@ -148,11 +141,11 @@ def test_hot_reload_drops_no_request(server, builds, trained):
         for f in futs:
             f.result()
     assert codes and set(codes) == {200}, {c: codes.count(c) for c in set(codes)}
-    assert httpx.get(f"{server}/health/ready").json()["model_version"] == "second"
+    assert httpx.get(f"{server}/health/ready").json()["model_version"] == builds["fp32"].name
     # A folder that is not a build is refused and the served model stays.
     r = httpx.post(f"{server}/admin/reload", json={"build": str(ROOT)}, headers=H, timeout=60)
     assert r.status_code == 422 and "lacks" in r.text
-    assert httpx.post(f"{server}/v1/predict", json={"text": "hi"}, headers=H).json()["model_version"] == "second"
+    assert httpx.post(f"{server}/v1/predict", json={"text": "hi"}, headers=H).json()["model_version"] == builds["fp32"].name
 
 
 def test_refuses_to_start_without_keys_and_a_failed_int8_build(builds, project_env, tmp_path):

@@ -1,0 +1,356 @@
+"""The deployment on one machine: the router and the model servers as processes.
+
+Everything lives under ``deploy.root`` (``var/deploy`` by default):
+
+* ``state.json``: what runs (router, stable, canary: pid, port, URL, model version, build);
+* ``builds/v<N>/``: the int8 builds downloaded from the registry, so a restart does not
+  need MLflow;
+* ``logs/``: one log file per process;
+* ``secrets/`` (mode 0700): the keys. ``client_keys`` are what clients send to the router
+  (``INTENTOPS_API_KEYS`` when set, otherwise one generated key); ``internal_key`` is what
+  the router sends to the servers; ``admin_key`` changes the routes. Generated keys are
+  never logged, only the file's location.
+
+Processes run in their own session, so they outlive the Airflow task that started them
+(the stable model must keep serving after the DAG run ends); ``stop`` ends only the
+processes recorded in the state, and only if their command line is still ours.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import secrets
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from pipeline.config import PROJECT_ROOT, PipelineConfig
+
+log = logging.getLogger(__name__)
+ALIAS_CHAMPION = "champion"
+ALIAS_PREVIOUS = "previous"
+ALIAS_CHALLENGER = "challenger"
+DECISION_TAG = "intentops.deploy.decision"
+REASON_TAG = "intentops.deploy.reason"
+
+
+class DeployError(RuntimeError):
+    """A deployment step that cannot go on (refused build, server never ready...)."""
+
+
+def _free_port(host: str) -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+class Deployment:
+    def __init__(self, cfg: PipelineConfig) -> None:
+        self.cfg = cfg
+        self.d = cfg.deploy
+        self.root = cfg.resolve_path(self.d.root)
+        for sub in ("builds", "logs"):
+            (self.root / sub).mkdir(parents=True, exist_ok=True)
+        self.secrets = self.root / "secrets"
+        self.secrets.mkdir(mode=0o700, exist_ok=True)
+        self.state_file = self.root / "state.json"
+
+    # -- keys ---------------------------------------------------------------------------
+
+    def _secret(self, name: str) -> str:
+        f = self.secrets / name
+        if not f.exists():
+            fd = os.open(f, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            with os.fdopen(fd, "w") as fh:
+                fh.write(secrets.token_urlsafe(32) + "\n")
+        return f.read_text().splitlines()[0].strip()
+
+    @property
+    def client_keys_file(self) -> Path:
+        f = self.secrets / "client_keys"
+        from deploy.server import load_api_keys
+
+        given = load_api_keys()
+        if given:  # the operator's keys win; written for the router process to read
+            f.write_text("\n".join(given) + "\n")
+            f.chmod(0o600)
+        elif not f.exists():
+            self._secret("client_keys")
+        return f
+
+    def client_key(self) -> str:
+        return self.client_keys_file.read_text().split()[0]
+
+    # -- state --------------------------------------------------------------------------
+
+    def state(self) -> dict[str, Any]:
+        if self.state_file.exists():
+            return json.loads(self.state_file.read_text())
+        return {"router": None, "stable": None, "canary": None}
+
+    def save(self, state: dict[str, Any]) -> None:
+        state["updated"] = time.time()
+        tmp = self.state_file.with_suffix(".tmp")
+        tmp.write_text(json.dumps(state, indent=2))
+        os.replace(tmp, self.state_file)  # readers see the old or the new state
+
+    # -- processes ----------------------------------------------------------------------
+
+    @staticmethod
+    def alive(proc: dict[str, Any] | None) -> bool:
+        """The recorded process still runs, and is still ours (pids get reused)."""
+        if not proc:
+            return False
+        import psutil
+
+        try:
+            p = psutil.Process(proc["pid"])
+            return p.is_running() and p.status() != psutil.STATUS_ZOMBIE and proc["module"] in " ".join(p.cmdline())
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            return False
+
+    def _spawn(self, module: str, args: list[str], env: dict[str, str | None], logname: str,
+               port: int = 0) -> dict[str, Any]:
+        port = port or _free_port(self.d.host)
+        env = {**os.environ, **env, "PYTHONPATH": os.pathsep.join(
+            [str(PROJECT_ROOT), *filter(None, [os.environ.get("PYTHONPATH")])])}
+        env = {k: v for k, v in env.items() if v is not None}  # None: not inherited
+        logf = (self.root / "logs" / f"{logname}.log").open("a")
+        proc = subprocess.Popen([sys.executable, "-m", module, *args, "--host", self.d.host, "--port", str(port)],
+                                cwd=PROJECT_ROOT, env=env, stdout=logf, stderr=subprocess.STDOUT,
+                                stdin=subprocess.DEVNULL, start_new_session=True)
+        logf.close()
+        return {"pid": proc.pid, "port": port, "url": f"http://{self.d.host}:{port}", "module": module,
+                "log": str(self.root / "logs" / f"{logname}.log"), "started": time.time()}
+
+    def wait_ready(self, proc: dict[str, Any], timeout: float | None = None) -> None:
+        deadline = time.time() + (timeout or self.d.ready_timeout_seconds)
+        while time.time() < deadline:
+            if not self.alive(proc):
+                raise DeployError(f"{proc['module']} exited before it was ready; log: {proc['log']}")
+            with contextlib.suppress(httpx.HTTPError):
+                if httpx.get(f"{proc['url']}/health/ready", timeout=2).status_code == 200:
+                    return
+            time.sleep(0.25)
+        self.kill(proc)
+        raise DeployError(f"{proc['module']} on port {proc['port']} not ready after "
+                          f"{timeout or self.d.ready_timeout_seconds:.0f} s; stopped it; log: {proc['log']}")
+
+    def kill(self, proc: dict[str, Any] | None, grace: float = 15.0) -> None:
+        """SIGTERM (uvicorn finishes the requests in flight), then SIGKILL after ``grace``."""
+        if not self.alive(proc):
+            return
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc["pid"], signal.SIGTERM)
+        deadline = time.time() + grace
+        while time.time() < deadline and self.alive(proc):
+            time.sleep(0.1)
+        if self.alive(proc):
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc["pid"], signal.SIGKILL)
+
+    def start_server(self, build: Path, version: str, role: str,
+                     extra: list[str] | None = None) -> dict[str, Any]:
+        d = self.d
+        proc = self._spawn("deploy.server", [
+            "--build", str(build), "--threads", str(d.server_threads), "--max-batch", str(d.max_batch),
+            "--max-delay-ms", str(d.max_delay_ms), "--max-queue", str(d.max_queue), *(extra or [])],
+            {"INTENTOPS_API_KEYS": self._secret("internal_key"), "INTENTOPS_API_KEYS_FILE": None},
+            f"server-v{version}-{role}")
+        proc |= {"version": str(version), "build": str(build), "role": role, "extra": extra or []}
+        self.wait_ready(proc)
+        log.info("model server v%s (%s) ready at %s", version, role, proc["url"])
+        return proc
+
+    def ensure_router(self, state: dict[str, Any]) -> dict[str, Any]:
+        if self.alive(state.get("router")):
+            return state["router"]
+        stable = state.get("stable") if self.alive(state.get("stable")) else None
+        args = ["--stable", stable["url"]] if stable else []
+        # A fixed, documented port for clients (router_port 0: any free port, for tests).
+        proc = self._spawn("deploy.router", args, {
+            "INTENTOPS_API_KEYS_FILE": str(self.client_keys_file), "INTENTOPS_API_KEYS": None,
+            "INTENTOPS_UPSTREAM_KEY": self._secret("internal_key"),
+            "INTENTOPS_ADMIN_KEYS": self._secret("admin_key")}, "router", port=self.d.router_port)
+        state["router"] = proc
+        self.save(state)
+        # The router is ready once it answers; with no model yet it says 503 on ready.
+        deadline = time.time() + 30
+        while time.time() < deadline:
+            with contextlib.suppress(httpx.HTTPError):
+                httpx.get(f"{proc['url']}/health/live", timeout=2).raise_for_status()
+                log.info("router at %s (client keys: %s)", proc["url"], self.client_keys_file)
+                return proc
+            if not self.alive(proc):
+                raise DeployError(f"router exited at start; log: {proc['log']}")
+            time.sleep(0.2)
+        raise DeployError(f"router not answering after 30 s; log: {proc['log']}")
+
+    # -- router admin -------------------------------------------------------------------
+
+    def _admin(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self._secret('admin_key')}"}
+
+    def routes(self, state: dict[str, Any], **upd: Any) -> dict[str, Any]:
+        url = state["router"]["url"]
+        if upd:
+            r = httpx.put(f"{url}/admin/routes", json=upd, headers=self._admin(), timeout=10)
+        else:
+            r = httpx.get(f"{url}/admin/routes", headers=self._admin(), timeout=10)
+        r.raise_for_status()
+        return r.json()
+
+    def router_stats(self, state: dict[str, Any], since: float) -> dict[str, Any]:
+        r = httpx.get(f"{state['router']['url']}/admin/stats", params={"since": since},
+                      headers=self._admin(), timeout=10)
+        r.raise_for_status()
+        return r.json()
+
+    # -- builds from the registry --------------------------------------------------------
+
+    def fetch_build(self, name: str, version: str) -> Path:
+        """The version's int8 build, downloaded once; refuses a build that failed its gate."""
+        from pipeline import tracking
+
+        dst = self.root / "builds" / f"v{version}"
+        if (dst / "model.onnx").exists():
+            return dst
+        client = tracking.mlflow_client(self.cfg)
+        mv = client.get_model_version(name, version)
+        status = mv.tags.get("intentops.onnx.int8.status")
+        if status is None:
+            raise DeployError(f"{name} v{version} has no int8 build attached (no export); not deploying it")
+        if status != "passed":
+            raise DeployError(f"{name} v{version}: its int8 build failed its checks "
+                              f"({mv.tags.get('intentops.onnx.int8.reason', 'no reason recorded')}); "
+                              f"a failed build is never deployed")
+        import mlflow
+
+        from deploy.server import resolve_source
+        from export.runtime import resolve_build
+
+        mlflow.set_tracking_uri(tracking.tracking_uri(self.cfg))
+        with tempfile.TemporaryDirectory(dir=self.root / "builds") as tmp:
+            folder, _ = resolve_source(None, mv.tags["intentops.onnx.int8.model_uri"], Path(tmp))
+            files = resolve_build(folder)
+            part = Path(tmp) / "build"
+            part.mkdir()
+            for name_, path in files.items():
+                (part / name_).write_bytes(Path(path).read_bytes())
+            pre = json.loads((part / "preprocessing.json").read_text())  # the server reports it
+            pre |= {"model_version": str(version), "registered_model": name}
+            (part / "preprocessing.json").write_text(json.dumps(pre, indent=2))
+            os.replace(part, dst)
+        return dst
+
+    # -- operations ---------------------------------------------------------------------
+
+    def status(self) -> dict[str, Any]:
+        state = self.state()
+        out: dict[str, Any] = {"root": self.d.root, "client_keys_file": str(self.secrets / "client_keys")}
+        for role in ("router", "stable", "canary"):
+            p = state.get(role)
+            if not p:
+                out[role] = None
+                continue
+            health = "down"
+            if self.alive(p):
+                try:
+                    r = httpx.get(f"{p['url']}/health/ready", timeout=2)
+                    health = "ready" if r.status_code == 200 else f"not ready ({r.status_code})"
+                except httpx.HTTPError as exc:
+                    health = f"not answering ({type(exc).__name__})"
+            out[role] = {k: p.get(k) for k in ("url", "pid", "version", "build")} | {"health": health}
+        if self.alive(state.get("router")):
+            with contextlib.suppress(httpx.HTTPError):
+                out["routes"] = self.routes(state)
+        with contextlib.suppress(Exception):
+            out["aliases"] = self.aliases()
+        return out
+
+    def aliases(self) -> dict[str, str]:
+        from pipeline import tracking
+
+        rm = tracking.mlflow_client(self.cfg).get_registered_model(self.cfg.training.registered_model)
+        return dict(rm.aliases or {})
+
+    def stop(self) -> list[str]:
+        state = self.state()
+        stopped = []
+        for role in ("canary", "router", "stable"):
+            p = state.get(role)
+            if self.alive(p):
+                self.kill(p)
+                stopped.append(f"{role} (pid {p['pid']})")
+            state[role] = None
+        self.save(state)
+        return stopped
+
+    def ensure_stable(self, state: dict[str, Any], name: str) -> dict[str, Any] | None:
+        """The stable server as recorded, restarted from its build if it died; or, when
+        nothing runs but the registry has a champion, the champion's build."""
+        stable = state.get("stable")
+        if stable and not self.alive(stable):
+            log.warning("stable server v%s is not running; restarting it", stable["version"])
+            stable = self.start_server(Path(stable["build"]), stable["version"], "stable", stable.get("extra"))
+        elif not stable:
+            champ = self.aliases().get(ALIAS_CHAMPION) if self._has_model(name) else None
+            if champ:
+                try:
+                    stable = self.start_server(self.fetch_build(name, champ), champ, "stable")
+                except DeployError as exc:
+                    log.warning("champion v%s cannot be served (%s); deploying without a stable", champ, exc)
+        state["stable"] = stable
+        self.save(state)
+        if stable and self.alive(state.get("router")):
+            self.routes(state, stable=stable["url"])
+        return stable
+
+    def _has_model(self, name: str) -> bool:
+        from pipeline import tracking
+
+        try:
+            tracking.mlflow_client(self.cfg).get_registered_model(name)
+            return True
+        except Exception:
+            return False
+
+    def rollback(self) -> dict[str, Any]:
+        """Serve the ``previous`` alias's build now, without a canary, and swap the aliases
+        (``champion`` <-> ``previous``), so a second rollback rolls forward again."""
+        from pipeline import tracking
+
+        name = self.cfg.training.registered_model
+        client = tracking.mlflow_client(self.cfg)
+        al = self.aliases()
+        prev, champ = al.get(ALIAS_PREVIOUS), al.get(ALIAS_CHAMPION)
+        if not prev:
+            raise DeployError(f"{name} has no '{ALIAS_PREVIOUS}' version to roll back to")
+        state = self.state()
+        self.ensure_router(state)
+        new = self.start_server(self.fetch_build(name, prev), prev, "stable")
+        old = state.get("stable")
+        self.routes(state, stable=new["url"], canary="", weight=0.0, shadow=0.0)
+        state["stable"] = new
+        if self.alive(state.get("canary")):
+            self.kill(state["canary"])
+        state["canary"] = None
+        self.save(state)
+        self.kill(old)
+        client.set_registered_model_alias(name, ALIAS_CHAMPION, prev)
+        if champ:
+            client.set_registered_model_alias(name, ALIAS_PREVIOUS, champ)
+            client.set_model_version_tag(name, champ, DECISION_TAG, "rolled_back_by_operator")
+        log.info("rolled back: v%s serves, champion -> v%s, previous -> v%s", prev, prev, champ)
+        return {"serving": prev, "champion": prev, "previous": champ}

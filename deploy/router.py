@@ -1,0 +1,342 @@
+"""The router: one endpoint for clients in front of the stable and the canary model server.
+
+    python -m deploy.router --stable http://127.0.0.1:8101 [--canary URL --weight 0.1
+        --shadow 0.2] [--host 127.0.0.1] [--port 8200]
+
+* ``POST /v1/predict`` is forwarded to ``stable`` or ``canary``: a weighted random split,
+  or, when the request carries ``X-Routing-Key``, a sticky one (a hash of the key against
+  the weight, so one customer stays on one variant while the weight holds, and moves only
+  one way as it grows). The answer carries ``X-Variant: stable|canary``.
+* A canary answer of 5xx, a timeout or a refused connection is retried on stable, so
+  clients never see the canary's failures; the failure still counts against the canary.
+* Shadow mode mirrors a share of the stable-served requests to the canary after the
+  client has its answer; the canary's answer is dropped, and only whether it agreed with
+  stable's labels is kept.
+* Per-variant metrics at ``/metrics`` (Prometheus) and, for the canary controller, a
+  windowed summary at ``GET /admin/stats?since=<unix time>``: requests, errors, p50/p99
+  latency per variant, fallbacks, and shadow agreement.
+* ``PUT /admin/routes`` changes the upstreams and weights at run time (admin key).
+* Client keys as the model server takes them (``INTENTOPS_API_KEYS`` or
+  ``INTENTOPS_API_KEYS_FILE``); the router calls the servers with
+  ``INTENTOPS_UPSTREAM_KEY``; admin calls need a key from ``INTENTOPS_ADMIN_KEYS``.
+* More requests in flight than ``--max-inflight`` are shed with 503 and Retry-After.
+
+Written by hand: the traffic split, sticky hashing and the retry are what Envoy or an
+Argo Rollouts/Flagger mesh would do, but those need a proxy binary or Kubernetes that
+this one-machine shape does not have; the logic is small, and the stats the canary
+analysis needs (agreement of mirrored answers) are not something a generic proxy reports.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import collections
+import contextlib
+import hashlib
+import hmac
+import json
+import logging
+import os
+import random
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import httpx
+from fastapi import Depends, FastAPI, HTTPException, Request
+from fastapi.responses import JSONResponse, PlainTextResponse, Response
+from pydantic import BaseModel, ConfigDict, Field
+
+from deploy.server import load_api_keys
+
+log = logging.getLogger("intentops.router")
+ROUTING_KEY = "x-routing-key"
+
+
+@dataclass
+class Routes:
+    stable: str | None = None
+    canary: str | None = None
+    weight: float = 0.0  # share of client requests sent to the canary
+    shadow: float = 0.0  # share of stable-served requests mirrored to the canary
+
+
+class RoutesUpdate(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    stable: str | None = Field(None, description="stable server URL (unchanged when absent)")
+    canary: str | None = Field(None, description="canary server URL; empty string removes it")
+    weight: float | None = Field(None, ge=0.0, le=1.0)
+    shadow: float | None = Field(None, ge=0.0, le=1.0)
+
+
+@dataclass
+class RouterConfig:
+    api_keys: list[str] = field(default_factory=list)
+    admin_keys: list[str] = field(default_factory=list)
+    upstream_key: str = ""
+    timeout_s: float = 10.0
+    max_inflight: int = 512
+    max_shadow_inflight: int = 32
+    window: int = 50_000  # events kept for /admin/stats
+
+
+def sticky_share(key: str) -> float:
+    """A stable point in [0, 1) for a routing key."""
+    return int.from_bytes(hashlib.blake2b(key.encode(), digest_size=8).digest(), "big") / 2**64
+
+
+def choose(routes: Routes, key: str | None, rnd: random.Random) -> str:
+    if routes.stable is None:
+        return "canary"
+    if not routes.canary or routes.weight <= 0:
+        return "stable"
+    if routes.weight >= 1:
+        return "canary"
+    point = sticky_share(key) if key else rnd.random()
+    return "canary" if point < routes.weight else "stable"
+
+
+def _percentile(xs: list[float], q: float) -> float | None:
+    if not xs:
+        return None
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, int(q * len(xs)))]
+
+
+class Stats:
+    """Recent upstream calls, ``(time, variant, role, status, seconds)``; role is
+    ``primary``, ``fallback`` or ``shadow``. Status 0 is a connection error or timeout."""
+
+    def __init__(self, window: int) -> None:
+        self.events: collections.deque[tuple[float, str, str, int, float]] = collections.deque(maxlen=window)
+        self.agreement: collections.deque[tuple[float, int, int]] = collections.deque(maxlen=window)
+
+    def summary(self, since: float = 0.0) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for variant in ("stable", "canary"):
+            ev = [e for e in self.events if e[0] >= since and e[1] == variant]
+            served = [e for e in ev if e[2] != "shadow"]
+            ok = [e[4] for e in ev if e[3] == 200]
+            errors = sum(1 for e in ev if e[3] == 0 or e[3] >= 500)
+            out[variant] = {
+                "requests": len(ev), "served": len(served), "ok": len(ok), "errors": errors,
+                "error_rate": errors / len(ev) if ev else 0.0,
+                "p50_ms": None if not ok else 1000 * _percentile(ok, 0.50),
+                "p99_ms": None if not ok else 1000 * _percentile(ok, 0.99),
+            }
+        fb = [e for e in self.events if e[0] >= since and e[2] == "fallback"]
+        ag = [a for a in self.agreement if a[0] >= since]
+        same, total = sum(a[1] for a in ag), sum(a[2] for a in ag)
+        out["fallbacks"] = len(fb)
+        out["shadow"] = {"compared": total, "agreed": same, "agreement": same / total if total else None}
+        return out
+
+
+class Metrics:
+    def __init__(self) -> None:
+        from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+        r = self.registry = CollectorRegistry()
+        self.requests = Counter("intentops_router_requests_total", "upstream calls by variant, role and status",
+                                ["variant", "role", "status"], registry=r)
+        self.latency = Histogram("intentops_router_upstream_seconds", "upstream latency by variant",
+                                 ["variant"], registry=r,
+                                 buckets=(.0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10))
+        self.client = Counter("intentops_router_client_responses_total", "answers to clients by status",
+                              ["status"], registry=r)
+        self.fallbacks = Counter("intentops_router_fallbacks_total", "canary failures retried on stable",
+                                 registry=r)
+        self.shadow = Counter("intentops_router_shadow_total", "mirrored requests by outcome",
+                              ["outcome"], registry=r)
+        self.weight = Gauge("intentops_router_weight", "traffic share by variant", ["variant"], registry=r)
+        self.inflight = Gauge("intentops_router_inflight", "client requests in flight", registry=r)
+
+
+class Router:
+    def __init__(self, cfg: RouterConfig, routes: Routes) -> None:
+        self.cfg = cfg
+        self.routes = routes
+        self.stats = Stats(cfg.window)
+        self.metrics = Metrics()
+        self.rnd = random.Random()
+        self.inflight = 0
+        self.shadow_inflight = 0
+        self.client: httpx.AsyncClient | None = None
+        self._publish_weights()
+
+    def _publish_weights(self) -> None:
+        w = self.routes.weight if self.routes.canary else 0.0
+        self.metrics.weight.labels("canary").set(w)
+        self.metrics.weight.labels("stable").set(1 - w if self.routes.stable else 0.0)
+
+    def update(self, upd: RoutesUpdate) -> Routes:
+        r = Routes(**asdict(self.routes))
+        if upd.stable is not None:
+            r.stable = upd.stable or None
+        if upd.canary is not None:
+            r.canary = upd.canary or None
+        if upd.weight is not None:
+            r.weight = upd.weight
+        if upd.shadow is not None:
+            r.shadow = upd.shadow
+        if not r.canary:
+            r.weight, r.shadow = 0.0, 0.0
+        self.routes = r  # one reference swap: a request sees the old or the new routes
+        self._publish_weights()
+        log.info("routes now %s", asdict(r))
+        return r
+
+    async def call(self, variant: str, url: str, body: bytes, role: str) -> tuple[int, bytes]:
+        assert self.client is not None
+        t0 = time.perf_counter()
+        try:
+            resp = await self.client.post(f"{url}/v1/predict", content=body, headers={
+                "content-type": "application/json", "authorization": f"Bearer {self.cfg.upstream_key}"})
+            status, content = resp.status_code, resp.content
+        except httpx.HTTPError:
+            status, content = 0, b""
+        dt = time.perf_counter() - t0
+        self.stats.events.append((time.time(), variant, role, status, dt))
+        self.metrics.requests.labels(variant, role, str(status)).inc()
+        if status == 200:
+            self.metrics.latency.labels(variant).observe(dt)
+        return status, content
+
+    async def mirror(self, body: bytes, stable_answer: bytes) -> None:
+        routes = self.routes
+        try:
+            if not routes.canary:
+                return
+            status, content = await self.call("canary", routes.canary, body, "shadow")
+            if status != 200:
+                self.metrics.shadow.labels("error").inc()
+                return
+            a = [p["label"] for p in json.loads(stable_answer)["predictions"]]
+            b = [p["label"] for p in json.loads(content)["predictions"]]
+            same = sum(x == y for x, y in zip(a, b, strict=False))
+            self.stats.agreement.append((time.time(), same, len(a)))
+            self.metrics.shadow.labels("agreed" if same == len(a) else "disagreed").inc()
+        finally:
+            self.shadow_inflight -= 1
+
+
+def create_app(router: Router) -> FastAPI:
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI):
+        limits = httpx.Limits(max_connections=256, max_keepalive_connections=128)
+        router.client = httpx.AsyncClient(timeout=router.cfg.timeout_s, limits=limits)
+        yield
+        await router.client.aclose()
+
+    app = FastAPI(title="intentops router", version="1", lifespan=lifespan)
+
+    def _key(request: Request) -> str:
+        bearer = request.headers.get("authorization", "")
+        return bearer[7:].strip() if bearer.lower().startswith("bearer ") else request.headers.get("x-api-key", "")
+
+    def auth(request: Request) -> None:
+        if router.cfg.api_keys and not any(hmac.compare_digest(_key(request), k) for k in router.cfg.api_keys):
+            raise HTTPException(401, "missing or unknown API key", headers={"WWW-Authenticate": "Bearer"})
+
+    def admin(request: Request) -> None:
+        if not router.cfg.admin_keys:
+            raise HTTPException(403, "no admin key configured (INTENTOPS_ADMIN_KEYS)")
+        if not any(hmac.compare_digest(_key(request), k) for k in router.cfg.admin_keys):
+            raise HTTPException(401, "missing or unknown admin key", headers={"WWW-Authenticate": "Bearer"})
+
+    def answer(status: int, content: bytes, variant: str) -> Response:
+        router.metrics.client.labels(str(status)).inc()
+        return Response(content, status_code=status, media_type="application/json",
+                        headers={"X-Variant": variant})
+
+    @app.post("/v1/predict", dependencies=[Depends(auth)],
+              summary="Predict intents (same body and answer as the model server's /v1/predict)")
+    async def predict(request: Request) -> Response:
+        routes = router.routes
+        if routes.stable is None and routes.canary is None:
+            return answer(503, b'{"detail": "no model deployed"}', "none")
+        if router.inflight >= router.cfg.max_inflight:
+            router.metrics.client.labels("503").inc()
+            raise HTTPException(503, "overloaded: too many requests in flight", headers={"Retry-After": "1"})
+        router.inflight += 1
+        router.metrics.inflight.set(router.inflight)
+        try:
+            body = await request.body()
+            variant = choose(routes, request.headers.get(ROUTING_KEY), router.rnd)
+            url = routes.canary if variant == "canary" else routes.stable
+            status, content = await router.call(variant, url, body, "primary")
+            if variant == "canary" and (status == 0 or status >= 500) and routes.stable:
+                router.metrics.fallbacks.inc()
+                variant = "stable"
+                status, content = await router.call("stable", routes.stable, body, "fallback")
+            if status == 0:
+                return answer(502, b'{"detail": "model server unreachable"}', variant)
+            if (variant == "stable" and status == 200 and routes.canary and routes.shadow > 0
+                    and router.shadow_inflight < router.cfg.max_shadow_inflight
+                    and router.rnd.random() < routes.shadow):
+                router.shadow_inflight += 1
+                asyncio.get_running_loop().create_task(router.mirror(body, content))
+            return answer(status, content, variant)
+        finally:
+            router.inflight -= 1
+            router.metrics.inflight.set(router.inflight)
+
+    @app.get("/health/live")
+    async def live() -> dict[str, str]:
+        return {"status": "alive"}
+
+    @app.get("/health/ready")
+    async def ready() -> JSONResponse:
+        if router.routes.stable is None and router.routes.canary is None:
+            return JSONResponse({"status": "no model deployed"}, status_code=503)
+        return JSONResponse({"status": "ready"})
+
+    @app.get("/metrics")
+    async def metrics() -> PlainTextResponse:
+        from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+        return PlainTextResponse(generate_latest(router.metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+    @app.get("/admin/routes", dependencies=[Depends(admin)])
+    async def get_routes() -> dict[str, Any]:
+        return asdict(router.routes)
+
+    @app.put("/admin/routes", dependencies=[Depends(admin)])
+    async def put_routes(upd: RoutesUpdate) -> dict[str, Any]:
+        return asdict(router.update(upd))
+
+    @app.get("/admin/stats", dependencies=[Depends(admin)])
+    async def stats(since: float = 0.0) -> dict[str, Any]:
+        return router.stats.summary(since) | {"routes": asdict(router.routes), "now": time.time()}
+
+    return app
+
+
+def main(argv: list[str] | None = None) -> int:
+    import uvicorn
+
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--stable", help="stable model server URL")
+    ap.add_argument("--canary", help="canary model server URL")
+    ap.add_argument("--weight", type=float, default=0.0, help="share of traffic to the canary")
+    ap.add_argument("--shadow", type=float, default=0.0, help="share of stable traffic mirrored to the canary")
+    ap.add_argument("--host", default="127.0.0.1")
+    ap.add_argument("--port", type=int, default=8200)
+    ap.add_argument("--max-inflight", type=int, default=512)
+    ap.add_argument("--timeout", type=float, default=10.0, help="seconds per upstream call")
+    ap.add_argument("--no-auth", action="store_true", help="accept clients without API keys (local tests only)")
+    args = ap.parse_args(argv)
+    keys = load_api_keys()
+    if not keys and not args.no_auth:
+        ap.error("no API key configured: set INTENTOPS_API_KEYS or INTENTOPS_API_KEYS_FILE (or --no-auth)")
+    admin = [k.strip() for k in os.environ.get("INTENTOPS_ADMIN_KEYS", "").split(",") if k.strip()]
+    cfg = RouterConfig(api_keys=keys, admin_keys=admin, upstream_key=os.environ.get("INTENTOPS_UPSTREAM_KEY", ""),
+                       timeout_s=args.timeout, max_inflight=args.max_inflight)
+    router = Router(cfg, Routes(args.stable, args.canary, args.weight, args.shadow))
+    uvicorn.run(create_app(router), host=args.host, port=args.port, log_level="info", access_log=False)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

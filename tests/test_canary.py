@@ -1,0 +1,193 @@
+"""Router and canary controller with real processes: model servers, the router, a real
+MLflow registry, and a load generator sending real HTTP through the router."""
+
+from __future__ import annotations
+
+import json
+import random
+import shutil
+import uuid
+from pathlib import Path
+
+import httpx
+import psutil
+import pytest
+
+from deploy import canary, deployment
+from deploy.deployment import DeployError, Deployment
+from export import task as export_task
+from pipeline.config import load_config
+
+
+@pytest.fixture(scope="module")
+def registry(mlflow_server, exported, trained, tmp_path_factory):
+    """A registered model whose versions carry real export builds; ``add(kind)`` registers
+    a new version: ``good``, ``permuted`` (labels shuffled: a wrong model) or ``failed``
+    (int8 build marked as failing its gate)."""
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(mlflow_server)
+    name = f"canary-{uuid.uuid4().hex[:8]}"
+    client.create_registered_model(name)
+    exp = client.create_experiment(name)
+    base = tmp_path_factory.mktemp("registry")
+    env = {"MLFLOW_TRACKING_URI": mlflow_server, "INTENTOPS_API_KEYS": ""}
+
+    def cfg(**over):
+        return load_config(overrides={"training.registered_model": name, "tracking.uri": mlflow_server,
+                                      "deploy.root": str(base / "deploy"),
+                                      "deploy.router_port": 0, "deploy.steps": [25, 100],
+                                      "deploy.bake_seconds": 2, "deploy.min_requests": 15,
+                                      "deploy.min_probes": 15, "deploy.min_compared": 10,
+                                      "deploy.poll_seconds": 0.5, "deploy.ready_timeout_seconds": 60,
+                                      **over}, env=env)
+
+    def add(kind: str = "good") -> str:
+        out = base / f"{kind}-{uuid.uuid4().hex[:6]}"
+        shutil.copytree(exported["out"], out)
+        rep = json.loads(json.dumps(exported["report"]))
+        if kind == "permuted":
+            f = out / "int8" / "labels.json"
+            labels = json.loads(f.read_text())
+            shuffled = list(labels)
+            random.Random(3).shuffle(shuffled)
+            f.write_text(json.dumps(shuffled if isinstance(labels, list) else dict(zip(labels, shuffled, strict=True))))
+        if kind == "failed":
+            rep["int8"] |= {"status": "failed", "reason": "agreement 90.00% < 99.00%"}
+        rid = client.create_run(exp).info.run_id
+        client.log_metric(rid, "test_accuracy", rep["builds"]["onnx_fp32"]["accuracy"])
+        note = base / "note.txt"
+        note.write_text("builds only")
+        client.log_artifact(rid, str(note), artifact_path="model")
+        mv = client.create_model_version(name, source=f"runs:/{rid}/model", run_id=rid)
+        export_task.attach(cfg(), name, mv.version, out, rep, key=f"k-{mv.version}")
+        return str(mv.version)
+
+    yield {"client": client, "name": name, "cfg": cfg, "add": add, "trained": trained}
+    Deployment(cfg()).stop()
+
+
+def roll(reg, version, **kw):
+    cfg = reg["cfg"]()
+    t = reg["trained"]
+    return canary.rollout(cfg, version, t["texts"], t["labels"], Path(cfg.deploy.root) / f"out-{version}", **kw)
+
+
+def aliases(reg):
+    return dict(reg["client"].get_registered_model(reg["name"]).aliases)
+
+
+def predict(dep: Deployment, text: str) -> httpx.Response:
+    url = dep.state()["router"]["url"]
+    return httpx.post(f"{url}/v1/predict", json={"text": text},
+                      headers={"Authorization": f"Bearer {dep.client_key()}"}, timeout=10)
+
+
+def test_rollouts_promote_good_versions_and_roll_back_bad_ones(registry):
+    reg = registry
+    dep = Deployment(reg["cfg"]())
+    # First deployment: no stable yet, a plain rollout with the same checks.
+    v1 = reg["add"]()
+    r1 = roll(reg, v1)
+    assert r1["decision"] == "promoted", r1["reason"]
+    assert "first deployment" in r1["reason"] and r1["client_failures"] == 0
+    assert aliases(reg) == {"champion": v1}
+    assert predict(dep, reg["trained"]["texts"][0]).json()["model_version"] == v1
+
+    # A good challenger goes through every step, compared with stable; the alias moves.
+    v2 = reg["add"]()
+    r2 = roll(reg, v2)
+    assert r2["decision"] == "promoted", r2["reason"]
+    # The same build, yet not always the same label: dynamic int8 quantization scales
+    # activations per batch, so a message's answer depends a little on its batch-mates.
+    assert r2["steps_passed"] == 2 and r2["shadow"]["compared"] >= 10 and r2["shadow"]["agreement"] >= 0.95
+    assert r2["client_failures"] == 0
+    assert aliases(reg) == {"champion": v2, "previous": v1}
+    tags = reg["client"].get_model_version(reg["name"], v2).tags
+    assert tags[deployment.DECISION_TAG] == "promoted"
+    arts = [a.path for a in reg["client"].list_artifacts(
+        reg["client"].get_model_version(reg["name"], v2).run_id, f"deploy/v{v2}")]
+    assert f"deploy/v{v2}/rollout.png" in arts and f"deploy/v{v2}/rollout.json" in arts
+    state = dep.state()
+    assert state["stable"]["version"] == v2 and state["canary"] is None
+    assert predict(dep, "my card has not arrived yet").headers["x-variant"] == "stable"
+
+    # Labels permuted: a wrong model. Shadow agreement and probe accuracy catch it.
+    v3 = reg["add"]("permuted")
+    r3 = roll(reg, v3)
+    assert r3["decision"] == "rolled_back"
+    assert "agrees with stable" in r3["reason"] or "accuracy" in r3["reason"]
+    assert r3["client_failures"] == 0
+    assert aliases(reg) == {"champion": v2, "previous": v1}
+    assert reg["client"].get_model_version(reg["name"], v3).tags[deployment.DECISION_TAG] == "rolled_back"
+    assert dep.state()["canary"] is None
+
+    # Failing half its requests: the router retries them on stable, clients see none.
+    v4 = reg["add"]()
+    r4 = roll(reg, v4, server_args=["--inject-fail-rate", "0.5"])
+    assert r4["decision"] == "rolled_back" and "error rate" in r4["reason"], r4["reason"]
+    assert r4["client_failures"] == 0 and r4["fallbacks"] > 0
+    assert aliases(reg)["champion"] == v2
+
+    # Slowed down: latency far above stable's.
+    v5 = reg["add"]()
+    r5 = roll(reg, v5, server_args=["--inject-delay-ms", "300"])
+    assert r5["decision"] == "rolled_back" and "canary p50" in r5["reason"], r5["reason"]
+    assert r5["client_failures"] == 0
+
+    # A version whose int8 build failed its gate is never deployed.
+    v6 = reg["add"]("failed")
+    r6 = roll(reg, v6)
+    assert r6["decision"] == "refused" and "failed its checks" in r6["reason"]
+    assert not (Path(reg["cfg"]().deploy.root) / "builds" / f"v{v6}").exists()
+
+    # Rerunning for the version already serving does nothing.
+    assert roll(reg, v2)["decision"] == "already_serving"
+
+    # One-command rollback to `previous`, and back again.
+    assert dep.rollback() == {"serving": v1, "champion": v1, "previous": v2}
+    assert predict(dep, "where is my card").json()["model_version"] == v1
+    assert aliases(reg) == {"champion": v1, "previous": v2}
+    status = dep.status()
+    assert status["stable"]["version"] == v1 and status["stable"]["health"] == "ready"
+    assert status["router"]["health"] == "ready"
+
+    # Stop ends only what the deployment started, and leaves no process behind.
+    pids = [p["pid"] for p in dep.state().values() if isinstance(p, dict) and "pid" in p]
+    assert dep.stop()
+    assert not any(psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE for p in pids)
+
+
+def test_stable_that_dies_during_a_rollout_is_restarted(registry):
+    reg = registry
+    dep = Deployment(reg["cfg"]())
+    dep.stop()
+    v1 = reg["add"]()
+    r1 = roll(reg, v1)
+    assert r1["decision"] == "promoted", r1["reason"]
+    old_pid = dep.state()["stable"]["pid"]
+    v2 = reg["add"]()
+    import threading
+
+    def kill_stable():
+        import os
+        import signal
+        import time
+
+        time.sleep(3)
+        os.kill(old_pid, signal.SIGKILL)
+
+    threading.Thread(target=kill_stable, daemon=True).start()
+    r = roll(reg, v2)
+    assert any("restarted" in e["event"] for e in r["events"]), r["events"]
+    assert r["decision"] in ("promoted", "rolled_back")
+    dep.stop()
+
+
+def test_canary_that_never_becomes_ready_is_aborted(registry, tmp_path):
+    reg = registry
+    dep = Deployment(reg["cfg"](**{"deploy.ready_timeout_seconds": 3}))
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    with pytest.raises(DeployError, match="exited before it was ready|not ready after"):
+        dep.start_server(bad, "9", "canary")

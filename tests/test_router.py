@@ -1,0 +1,132 @@
+"""The router as a real process in front of real model servers."""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import subprocess
+import sys
+import time
+
+import httpx
+import pytest
+from conftest import ROOT, _free_port
+from test_server import start
+
+from deploy.router import Routes, choose, sticky_share
+
+CLIENT, INTERNAL, ADMIN = "client-key", "internal-key", "admin-key"
+H = {"Authorization": f"Bearer {CLIENT}"}
+A = {"Authorization": f"Bearer {ADMIN}"}
+
+
+@pytest.fixture(scope="module")
+def servers(exported, project_env):
+    env = dict(project_env, INTENTOPS_API_KEYS=INTERNAL)
+    build = exported["out"] / "int8"
+    procs = [start(build, env), start(build, env, "--inject-fail-rate", "0.5"),
+             start(build, env, "--inject-delay-ms", "50")]
+    yield {"stable": procs[0][1], "flaky": procs[1][1], "slow": procs[2][1]}
+    for p, _ in procs:
+        p.terminate()
+        p.wait(timeout=20)
+
+
+@pytest.fixture
+def router(servers, project_env):
+    port = _free_port()
+    env = dict(project_env, INTENTOPS_API_KEYS=CLIENT, INTENTOPS_UPSTREAM_KEY=INTERNAL,
+               INTENTOPS_ADMIN_KEYS=ADMIN)
+    proc = subprocess.Popen([sys.executable, "-m", "deploy.router", "--stable", servers["stable"],
+                             "--port", str(port), "--max-inflight", "64"], env=env, cwd=ROOT,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    url = f"http://127.0.0.1:{port}"
+    for _ in range(200):
+        try:
+            if httpx.get(f"{url}/health/ready", timeout=1).status_code == 200:
+                break
+        except httpx.HTTPError:
+            time.sleep(0.1)
+    yield url
+    proc.terminate()
+    proc.wait(timeout=20)
+
+
+def routes(url, **upd):
+    r = httpx.put(f"{url}/admin/routes", json=upd, headers=A)
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+def send(url, n, key=None, workers=4):
+    def one(i):
+        headers = H | ({"X-Routing-Key": key(i)} if key else {})
+        r = httpx.post(f"{url}/v1/predict", json={"text": f"where is my card number {i}"}, headers=headers,
+                       timeout=30)
+        return r.status_code, r.headers.get("x-variant")
+
+    with cf.ThreadPoolExecutor(workers) as pool:
+        return list(pool.map(one, range(n)))
+
+
+def test_sticky_hash_is_stable_and_monotone_in_the_weight():
+    import random
+
+    r = Routes(stable="s", canary="c", weight=0.3)
+    assert all(choose(r, "customer-42", random.Random(i)) == choose(r, "customer-42", random.Random(0))
+               for i in range(20))
+    keys = [f"k{i}" for i in range(2000)]
+    at_30 = {k for k in keys if choose(r, k, random.Random()) == "canary"}
+    at_60 = {k for k in keys if choose(Routes("s", "c", 0.6), k, random.Random()) == "canary"}
+    assert at_30 <= at_60  # raising the weight only moves customers to the canary
+    assert 0.25 < len(at_30) / 2000 < 0.35 and 0 <= sticky_share("x") < 1
+
+
+def test_weighted_split_sticky_routing_auth_and_admin(router, servers):
+    assert httpx.post(f"{router}/v1/predict", json={"text": "hi"}).status_code == 401
+    assert httpx.put(f"{router}/admin/routes", json={"weight": 1}, headers=H).status_code == 401
+    routes(router, canary=servers["stable"], weight=0.3)
+    got = send(router, 200)
+    assert {s for s, _ in got} == {200}
+    share = sum(v == "canary" for _, v in got) / len(got)
+    assert 0.15 < share < 0.45, share
+    sticky = send(router, 30, key=lambda i: "customer-7")
+    assert len({v for _, v in sticky}) == 1
+    # Validation errors pass through from the server, and are not retried or counted as canary errors.
+    assert httpx.post(f"{router}/v1/predict", json={"text": ""}, headers=H).status_code == 422
+    metrics = httpx.get(f"{router}/metrics").text
+    assert 'intentops_router_requests_total{role="primary",status="200",variant="canary"}' in metrics
+    assert 'intentops_router_weight{variant="canary"} 0.3' in metrics
+
+
+def test_failed_canary_requests_are_retried_on_stable(router, servers):
+    routes(router, canary=servers["flaky"], weight=0.5)
+    t0 = time.time()
+    got = send(router, 200)
+    assert {s for s, _ in got} == {200}  # clients never see the canary's failures
+    stats = httpx.get(f"{router}/admin/stats", params={"since": t0}, headers=A).json()
+    assert stats["fallbacks"] > 10 and stats["canary"]["errors"] == stats["fallbacks"]
+    assert 0.3 < stats["canary"]["error_rate"] < 0.7
+    # A canary that is down entirely: still no client failure.
+    routes(router, canary=f"http://127.0.0.1:{_free_port()}", weight=1.0)
+    assert {s for s, _ in send(router, 20)} == {200}
+
+
+def test_shadow_mirrors_without_touching_the_answer(router, servers):
+    routes(router, canary=servers["slow"], weight=0.0, shadow=1.0)
+    t0 = time.time()
+    got = send(router, 60)
+    assert {v for _, v in got} == {"stable"} and {s for s, _ in got} == {200}
+    time.sleep(1)  # mirrored calls finish after the client has its answer
+    stats = httpx.get(f"{router}/admin/stats", params={"since": t0}, headers=A).json()
+    assert stats["shadow"]["compared"] >= 30 and stats["shadow"]["agreement"] >= 0.9
+    assert stats["canary"]["served"] == 0 and stats["canary"]["requests"] >= 30
+    # The slow canary's latency never reached the clients: stable's p99 stays below its delay.
+    assert stats["stable"]["p99_ms"] < stats["canary"]["p50_ms"]
+
+
+def test_overload_is_shed_with_503(router, servers):
+    routes(router, canary="", weight=0.0)
+    routes(router, stable=servers["slow"])
+    got = send(router, 300, workers=100)
+    codes = {s for s, _ in got}
+    assert 503 in codes and codes <= {200, 503}
