@@ -27,6 +27,7 @@ import contextlib
 import json
 import logging
 import platform
+import re
 import shutil
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -288,11 +289,26 @@ def optimize(src: Path, dst: Path, spec: dict[str, Any], fusion: str) -> Path:
     return dst
 
 
-def quantize(src: Path, dst: Path, per_channel: bool, reduce_range: bool, work: Path) -> Path:
+def quantize(src: Path, dst: Path, per_channel: bool, reduce_range: bool, work: Path,
+             fp32_ffn_layers: int = 0) -> tuple[Path, list[str]]:
+    """Dynamic int8 quantization; ``fp32_ffn_layers`` > 0 keeps the feed-forward MatMuls of
+    that many first encoder layers in fp32. Returns the model and the nodes kept in fp32."""
     pre = work / f"pre-{src.stem}.onnx"
     with _quiet_root_logger():
-        _quantize(src, pre, dst, per_channel, reduce_range)
-    return dst
+        kept = _quantize(src, pre, dst, per_channel, reduce_range, fp32_ffn_layers)
+    return dst, kept
+
+
+_FFN = re.compile(r"layer\.(\d+)/(intermediate|output)/dense/MatMul")
+
+
+def ffn_nodes(model_path: Path, layers: int) -> list[str]:
+    """Feed-forward MatMul nodes of the first ``layers`` encoder layers (BERT naming)."""
+    import onnx
+
+    graph = onnx.load(str(model_path), load_external_data=False).graph
+    return [n.name for n in graph.node if n.op_type == "MatMul" and (m := _FFN.search(n.name))
+            and int(m.group(1)) < layers]
 
 
 @contextlib.contextmanager
@@ -308,7 +324,8 @@ def _quiet_root_logger() -> Iterator[None]:
         root.setLevel(level)
 
 
-def _quantize(src: Path, pre: Path, dst: Path, per_channel: bool, reduce_range: bool) -> None:
+def _quantize(src: Path, pre: Path, dst: Path, per_channel: bool, reduce_range: bool,
+              fp32_ffn_layers: int = 0) -> list[str]:
     from onnx import TensorProto
     from onnxruntime.quantization import QuantType, quantize_dynamic
     from onnxruntime.quantization.shape_inference import quant_pre_process
@@ -317,10 +334,12 @@ def _quantize(src: Path, pre: Path, dst: Path, per_channel: bool, reduce_range: 
         # Symbolic shape inference cannot bound BERT's position slice (Min(512, sequence))
         # and gives up; ONNX's own shape inference and the optimizer pass still run.
         quant_pre_process(str(src), str(pre), skip_symbolic_shape=True)
+    exclude = ffn_nodes(pre, fp32_ffn_layers) if fp32_ffn_layers else []
     quantize_dynamic(str(pre), str(dst), weight_type=QuantType.QInt8, per_channel=per_channel,
-                     reduce_range=reduce_range,
+                     reduce_range=reduce_range, nodes_to_exclude=exclude,
                      # Fused contrib ops have no ONNX shape inference; their outputs are float.
                      extra_options={"DefaultTensorType": TensorProto.FLOAT})
+    return exclude
 
 
 def accuracy(logits: np.ndarray, y: np.ndarray) -> float:

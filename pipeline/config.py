@@ -194,6 +194,9 @@ class ExportConfig(_Section):
     per_channel: list[bool] = Field(default_factory=lambda: [False, True], min_length=1)
     reduce_range: list[bool] = Field(default_factory=lambda: [False, True], min_length=1)
     # Speed report: intra-op threads (0 = every core), batch-1 latency samples, batch-32 batches.
+    # When no fully quantized candidate passes the gate: keep the feed-forward MatMuls of
+    # the first 1..N encoder layers in fp32 (mixed precision), stopping at the first pass.
+    fallback_fp32_ffn_layers: int = Field(2, ge=0, le=24)
     threads: int = Field(0, ge=0)
     latency_samples: int = Field(200, ge=10)
     throughput_batches: int = Field(20, ge=2)

@@ -123,13 +123,15 @@ def test_dag_trains_with_torchrun_and_registers_a_challenger(first_run, airflow_
     assert run.data.tags["intentops.data_quality_run_id"] == stages["labelqa"]["mlflow_run_id"]
     assert "train_loss" in run.data.metrics and "test_accuracy" in run.data.metrics
     assert reg["registered"] is True, reg
-    mv = client.get_model_version_by_alias("intentops-intent-classifier", "challenger")
+    # Registered as challenger; the deploy stage then promoted it, so the alias moved on
+    # to champion (the deploy test checks that).
+    mv = client.get_model_version_by_alias("intentops-intent-classifier", "champion")
     assert mv.version == reg["model_version"] and mv.run_id == tr["mlflow_run_id"]
     import mlflow.pyfunc
     import pandas as pd
 
     mlflow.set_tracking_uri(env["MLFLOW_TRACKING_URI"])
-    model = mlflow.pyfunc.load_model("models:/intentops-intent-classifier@challenger")
+    model = mlflow.pyfunc.load_model("models:/intentops-intent-classifier@champion")
     out = model.predict(pd.DataFrame({"text": ["I lost my card", "how do I top up?"]}))
     assert list(out.columns) == ["label", "score"] and len(out) == 2
 

@@ -88,8 +88,8 @@ def test_build_all_parity_int8_gate_and_report(trained, tmp_path):
 def test_corrupted_int8_weights_fail_the_gate_and_are_marked(trained, tmp_path, monkeypatch):
     real = onnx_build.quantize
 
-    def corrupted(src, dst, per_channel, reduce_range, work):
-        path = real(src, dst, per_channel, reduce_range, work)
+    def corrupted(src, dst, per_channel, reduce_range, work, fp32_ffn_layers=0):
+        path, kept = real(src, dst, per_channel, reduce_range, work, fp32_ffn_layers)
         m = onnx.load(str(path))
         rng = np.random.default_rng(0)
         for init in m.graph.initializer:
@@ -98,7 +98,7 @@ def test_corrupted_int8_weights_fail_the_gate_and_are_marked(trained, tmp_path, 
                 init.CopyFrom(onnx.numpy_helper.from_array(rng.permutation(arr.ravel()).reshape(arr.shape),
                                                            init.name))
         onnx.save(m, str(path))
-        return path
+        return path, kept
 
     monkeypatch.setattr(onnx_build, "quantize", corrupted)
     rep = build.build_all(trained["model_dir"], trained["texts"], trained["labels"], trained["ids"],
@@ -107,6 +107,24 @@ def test_corrupted_int8_weights_fail_the_gate_and_are_marked(trained, tmp_path, 
     assert "agreement" in rep["int8"]["reason"] or "accuracy drop" in rep["int8"]["reason"]
     pre = json.loads((tmp_path / "int8" / "preprocessing.json").read_text())
     assert pre["status"] == "failed"  # attached for inspection, refused by serving
+
+
+def test_mixed_precision_fallback_finds_the_first_layers_feed_forward_nodes(tmp_path):
+    from onnx import TensorProto, helper
+
+    names = [f"/encoder/layer.{i}/{part}/MatMul" for i in range(3)
+             for part in ("attention/self/query", "intermediate/dense", "output/dense")]
+    nodes = [helper.make_node("MatMul", ["x", f"w{i}"], [f"y{i}"], name=n) for i, n in enumerate(names)]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])],
+                              [helper.make_tensor_value_info(f"y{i}", TensorProto.FLOAT, [1, 4])
+                               for i in range(len(nodes))],
+                              [helper.make_tensor(f"w{i}", TensorProto.FLOAT, [4, 4], [0.0] * 16)
+                               for i in range(len(nodes))])
+    onnx.save(helper.make_model(graph), str(tmp_path / "m.onnx"))
+    assert onnx_build.ffn_nodes(tmp_path / "m.onnx", 0) == []
+    assert onnx_build.ffn_nodes(tmp_path / "m.onnx", 1) == [
+        "/encoder/layer.0/intermediate/dense/MatMul", "/encoder/layer.0/output/dense/MatMul"]
+    assert len(onnx_build.ffn_nodes(tmp_path / "m.onnx", 2)) == 4  # attention stays quantized
 
 
 def test_int8_gate_limits():
