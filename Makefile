@@ -11,17 +11,18 @@ SEED   ?= 7
 export PATH := $(BIN):$(PATH)
 export AIRFLOW_HOME := $(CURDIR)/var/airflow
 export AIRFLOW__CORE__DAGS_FOLDER := $(CURDIR)/dags
+export AIRFLOW__CORE__PLUGINS_FOLDER := $(CURDIR)/plugins
 export AIRFLOW__CORE__LOAD_EXAMPLES := False
 export AIRFLOW__CORE__UNIT_TEST_MODE := False
 export AIRFLOW_CONN_SPARK_DEFAULT ?= {"conn_type": "spark", "host": "local[*]"}
 export PYSPARK_PYTHON := $(BIN)/python
 export SPARK_LOCAL_IP ?= 127.0.0.1
 
-.PHONY: demo test venv lint bench mlflow clean-var
+.PHONY: demo test venv lint bench mlflow clean-var up down browser
 
 # Run the whole pipeline on the bundled demo data, through Airflow.
 demo: $(VENV)/.installed
-	$(BIN)/intentops build-raw --out var/demo/raw --rows $(ROWS) --seed $(SEED) --format csv
+	$(BIN)/intentops build-raw --out var/demo/raw --rows $(ROWS) --seed $(SEED) --format csv --daily
 	$(BIN)/airflow db migrate > var/airflow-db.log 2>&1 || (cat var/airflow-db.log; exit 1)
 	$(BIN)/airflow pools set intentops_registry 1 "model registry writes, one at a time" > /dev/null
 	$(BIN)/airflow dags test intentops_pipeline \
@@ -30,12 +31,30 @@ demo: $(VENV)/.installed
 	@echo "Airflow log: var/demo/dags-test.log"
 	@$(BIN)/intentops summary
 
+# Chromium and its driver from Debian's packages, for the run report's browser test;
+# installed only when missing (apt-get needs root).
+browser:
+	@test -x /usr/bin/chromium -a -x /usr/bin/chromedriver || ( apt-get update -q && \
+	  DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends chromium chromium-driver )
+
 # The test suite: unit, Spark, DAG integrity and end-to-end through `airflow dags test`.
-test: $(VENV)/.installed
+test: $(VENV)/.installed browser
 	$(BIN)/python -m pytest -q
 
 lint: $(VENV)/.installed
 	$(BIN)/ruff check .
+
+# The local services: MLflow (UI + registry), airflow standalone (UI + REST API), the
+# router and the champion's model server; URLs and the credentials file are printed.
+# Logs in var/services/logs/. A second `up` is harmless; `down` stops only what `up`
+# (and the pipeline's deploy task) started.
+up: $(VENV)/.installed
+	@test -d var/demo/raw/daily || $(BIN)/intentops build-raw --out var/demo/raw --rows $(ROWS) \
+	  --seed $(SEED) --format csv --daily > /dev/null
+	$(BIN)/intentops up
+
+down: $(VENV)/.installed
+	$(BIN)/intentops down
 
 # Benchmarks (not part of the tests): results in benchmarks/results/, quoted in docs/BENCHMARKS.md.
 bench: $(VENV)/.installed

@@ -115,10 +115,12 @@ def spark_stage(task_id: str, cls: type[SparkSubmitOperator] = SparkSubmitOperat
     tags=["intentops", "data"],
     params={
         "input_path": Param(
-            "var/demo/raw/raw.csv",
+            "var/demo/raw/daily",
             type="string",
             minLength=1,
-            description="Raw export to process: a CSV, JSONL or Parquet file or folder.",
+            description="Raw export to process: a CSV, JSONL or Parquet file or folder. A folder "
+            "of date partitions (date=YYYY-MM-DD/): scheduled and backfill runs read the days "
+            "of their data interval, manual runs all of it.",
         ),
         "input_format": Param(
             "auto",
@@ -198,13 +200,36 @@ def spark_stage(task_id: str, cls: type[SparkSubmitOperator] = SparkSubmitOperat
 )
 def intentops_pipeline():
     @task(retries=1)
-    def resolve_config(params: dict, run_id: str) -> str:
-        """Resolve the config once for the run and save it; later tasks read the file."""
+    def resolve_config(params: dict, run_id: str, dag_run=None, data_interval_start=None,
+                       data_interval_end=None) -> str:
+        """Resolve the config once for the run and save it; later tasks read the file.
+
+        A scheduled or backfill run over a folder of date partitions reads only the days of
+        its data interval; an interval with no partition skips the run (nothing to do is
+        not a failure)."""
+        from airflow.sdk.exceptions import AirflowSkipException
+
+        from pipeline import partitions as parts
+        from pipeline.config import PROJECT_ROOT
         from pipeline.runs import resolve_run_config
 
+        run_type = getattr(dag_run, "run_type", None)
+        run_type = str(getattr(run_type, "value", run_type) or "")
+        days = None
+        if run_type in ("scheduled", "backfill"):
+            root = Path(params["input_path"])
+            days = parts.for_interval(root if root.is_absolute() else PROJECT_ROOT / root,
+                                      data_interval_start, data_interval_end)
+            if days == []:
+                raise AirflowSkipException(
+                    f"{params['input_path']}: no date partition in the data interval "
+                    f"[{data_interval_start}, {data_interval_end})")
+            print(f"{run_type} run for [{data_interval_start}, {data_interval_end}): "
+                  f"{'reads ' + ', '.join(days) if days else 'the input is not date-partitioned; reads all of it'}")
         return resolve_run_config(
             run_id,
             {
+                "input.partitions": days,
                 "input.path": params["input_path"],
                 "input.format": params["input_format"],
                 "clean.min_chars": params["min_chars"],
@@ -343,7 +368,12 @@ def intentops_pipeline():
     @task(trigger_rule="all_done")
     def summary(config_path: str, run_id: str) -> str:
         """Per-stage summary of the run, logged and saved beside the run's pointers."""
+        from airflow.sdk.exceptions import AirflowSkipException
+
         from pipeline.runs import write_summary
+
+        if config_path is None:  # resolve_config skipped (no data in the interval) or failed
+            raise AirflowSkipException("the run's config was never resolved: nothing to summarize")
 
         return write_summary(config_path, run_id)
 
@@ -364,9 +394,31 @@ def intentops_pipeline():
 
         raise AirflowFailException("a stage of this run failed; see its log and the summary")
 
+    # The HTML run report, for failed runs too (all_done); the plugin in plugins/ shows it
+    # as the "Run report" tab of the run's page. Not a leaf that hides a failure: the run
+    # still fails through `watcher`.
+    @task(trigger_rule="all_done")
+    def report(config_path: str, run_id: str, ti=None) -> str:
+        """The run's HTML report (stage summaries, charts, the canary decision), written
+        beside the run's pointers and logged to the registered model version in MLflow."""
+        from airflow.sdk.exceptions import AirflowSkipException
+
+        from pipeline import report as run_report
+
+        if config_path is None:  # as in summary: no resolved config, nothing to report on
+            raise AirflowSkipException("the run's config was never resolved: no report")
+        # Why stages published nothing (failed, upstream_failed) is known to Airflow only.
+        states = (ti.get_task_states(dag_id=ti.dag_id, run_ids=[run_id]).get(run_id) or {}) if ti else {}
+        path, uri = run_report.publish(config_path, run_id, {k: str(v) for k, v in states.items()})
+        print(f"run report: {path}; in the Airflow UI: the run's 'Run report' tab "
+              f"(/intentops/runs/<run_id>/report); MLflow artifact: {uri or 'none (no version registered)'}")
+        return str(path)
+
     deployed = deploy(config_path)
-    exported >> deployed >> summary(config_path)
+    summarized = summary(config_path)
+    exported >> deployed >> summarized
     deployed >> watcher()
+    summarized >> report(config_path)
 
 
 intentops_pipeline()

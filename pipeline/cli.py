@@ -9,6 +9,7 @@
     intentops summary [--run-id RUN]                          # per-stage summary
     intentops evaluate --run-id RUN --ground-truth DIR        # score against ground truth
     intentops leak-scan --ground-truth DIR var/lake/desensitize ...   # find planted PII
+    intentops up | down | services                            # the local services (make up/down)
 
 Stages run in-process on a local Spark session (``spark.master``); the DAG runs the same
 code through spark-submit. Every stage command takes ``--config FILE`` and repeatable
@@ -60,6 +61,11 @@ def main(argv: list[str] | None = None) -> int:
         _stage_parser(dsub, action, help_)
     ro = _stage_parser(dsub, "rollout", "canary rollout of the run's exported version (the DAG's deploy task)")
     ro.set_defaults(cmd="deploy-rollout")
+    for name, help_ in (("up", "start the local services: MLflow server, airflow standalone, serving"),
+                        ("down", "stop what `up` started (and the serving processes)"),
+                        ("services", "URLs, credentials file and state of the local services")):
+        sp = sub.add_parser(name, help=help_)
+        sp.add_argument("--config", help="YAML config file")
     e = sub.add_parser("evaluate", help="score a run's data stages against builder ground truth")
     e.add_argument("--run-id", required=True)
     e.add_argument("--ground-truth", required=True, help="the builder's ground_truth/ folder")
@@ -127,6 +133,25 @@ def _deploy(args: argparse.Namespace) -> int:
 def _dispatch(args: argparse.Namespace) -> int:
     from pipeline import runs
 
+    if args.cmd in ("up", "down", "services"):
+        import json
+
+        from pipeline.config import load_config
+        from pipeline.services import ServiceError, Services
+
+        svc = Services(load_config(args.config))
+        try:
+            if args.cmd == "up":
+                print(json.dumps(svc.up(), indent=2))
+            elif args.cmd == "down":
+                stopped = svc.down()
+                print("stopped: " + (", ".join(stopped) if stopped else "nothing was running"))
+            else:
+                print(json.dumps(svc.describe(), indent=2))
+        except ServiceError as exc:
+            print(f"ERROR: {exc}", file=sys.stderr)
+            return 2
+        return 0
     if args.cmd == "deploy" and args.action != "rollout":
         return _deploy(args)
     if args.cmd == "deploy-rollout":

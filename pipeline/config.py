@@ -50,6 +50,11 @@ class InputConfig(_Section):
     # only for exports that put raw newlines inside quoted fields.
     csv_multiline: bool = False
     encoding: str = "UTF-8"
+    # When ``path`` is a folder of Hive-style date partitions (``date=YYYY-MM-DD/``), the
+    # partitions to read, relative to it; empty reads the whole input. The DAG fills it
+    # from a scheduled or backfill run's data interval (pipeline/partitions.py), so each
+    # run owns its days and a rerun of the same days is a cache hit.
+    partitions: list[str] = Field(default_factory=list)
 
 
 class CleanConfig(_Section):

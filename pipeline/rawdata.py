@@ -1333,8 +1333,30 @@ def _sha256(path: Path) -> str:
     return h.hexdigest()
 
 
-def build_raw(out_dir: str | Path, config: BuilderConfig) -> dict[str, Any]:
-    """Build ``out_dir/raw.<fmt>`` and ``out_dir/ground_truth/``; returns the summary."""
+def _write_daily(out: Path, fmt: str, cols: dict[str, list[Any]], defect: list[str | None],
+                 seed: int) -> dict[str, int]:
+    """The same rows again as a date-partitioned export, ``out/date=YYYY-MM-DD/raw.<fmt>``,
+    the layout a scheduled run reads one day of. A row goes to its ``created_at`` day; a
+    row whose timestamp is broken (a planted defect) goes to the day of the row before
+    it, as an export job partitioning by ingestion time would put it."""
+    days: list[str] = []
+    for ts in cols["created_at"]:
+        ok = isinstance(ts, str) and re.fullmatch(r"\d{4}-\d{2}-\d{2}T.*", ts or "")
+        days.append(ts[:10] if ok else (days[-1] if days else EPOCH.astype(str)[:10]))
+    counts: dict[str, int] = {}
+    for day in sorted(set(days)):
+        idx = [i for i, d in enumerate(days) if d == day]
+        part = out / f"date={day}"
+        part.mkdir(parents=True, exist_ok=True)
+        _write_raw(part / f"raw.{fmt}", fmt, {c: [cols[c][i] for i in idx] for c in COLUMNS},
+                   [defect[i] for i in idx], _py_rng(seed, f"daily-{day}"))
+        counts[day] = len(idx)
+    return counts
+
+
+def build_raw(out_dir: str | Path, config: BuilderConfig, daily: bool = False) -> dict[str, Any]:
+    """Build ``out_dir/raw.<fmt>`` and ``out_dir/ground_truth/`` (and with ``daily`` the
+    same rows partitioned by day under ``out_dir/daily/``); returns the summary."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -1379,6 +1401,8 @@ def build_raw(out_dir: str | Path, config: BuilderConfig) -> dict[str, Any]:
     fname = f"raw.{config.fmt}"
     raw_path = out / fname
     _write_raw(raw_path, config.fmt, cols, [rows.defect[g] for g in ol], rng)
+    daily_rows = (_write_daily(out / "daily", config.fmt, cols, [rows.defect[g] for g in ol],
+                               config.seed) if daily else None)
 
     malformed = [rows.defect[g] == "malformed_record" for g in ol]
     gt = pa.table({
@@ -1419,6 +1443,7 @@ def build_raw(out_dir: str | Path, config: BuilderConfig) -> dict[str, Any]:
     (gt_dir / "summary.json").write_text(json.dumps(summary, indent=2, sort_keys=True) + "\n",
                                          encoding="utf-8")
     summary["_seconds"] = round(time.perf_counter() - t0, 2)  # printed, never written
+    summary["_daily"] = daily_rows
     return summary
 
 
@@ -1477,14 +1502,20 @@ def main(argv: list[str] | None = None) -> int:
                  "label_error_rate", "decoy_share", "noise_share"):
         p.add_argument(f"--{name.replace('_', '-')}", dest=name, type=float, default=getattr(d, name))
     p.add_argument("--annotators-per-item", type=int, default=d.annotators_per_item)
+    p.add_argument("--daily", action="store_true",
+                   help="also write the rows partitioned by day under OUT/daily/date=YYYY-MM-DD/")
     args = vars(p.parse_args(argv))
     out = args.pop("out")
+    daily = args.pop("daily")
     cfg = BuilderConfig(**args)
     try:
         cfg.validate()
     except ValueError as exc:
         p.error(str(exc))
-    s = build_raw(out, cfg)
+    s = build_raw(out, cfg, daily=daily)
+    if s["_daily"]:
+        print(f"{Path(out) / 'daily'}: {len(s['_daily'])} daily partitions "
+              f"({min(s['_daily'])} to {max(s['_daily'])})")
     print(f"{Path(out) / s['file']}: {s['rows']} rows ({s['originals']} originals, "
           f"{sum(s['dup_kind'].values())} copies, {sum(s['defect'].values())} defects, "
           f"{s['rows_with_pii']} with PII) in {s['_seconds']}s; ground truth in "

@@ -174,7 +174,12 @@ def test_stable_that_dies_during_a_rollout_is_restarted(registry):
         import signal
         import time
 
-        time.sleep(3)
+        # Kill it once the rollout is under way (the canary is up), not after a fixed
+        # delay: on a loaded machine fetching the build can take longer than any delay,
+        # and the controller's start-up check would then restart stable silently.
+        deadline = time.monotonic() + 300
+        while not dep.state().get("canary") and time.monotonic() < deadline:
+            time.sleep(0.2)
         os.kill(old_pid, signal.SIGKILL)
 
     threading.Thread(target=kill_stable, daemon=True).start()

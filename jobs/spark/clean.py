@@ -224,7 +224,11 @@ def run(cfg: PipelineConfig, run_id: str | None = None, spark: SparkSession | No
     src = cfg.resolve_path(cfg.input.path)
     fmt = common.detect_format(str(src), cfg.input.format)
     labels = load_labels(cfg)
-    inputs: dict[str, Any] = {"raw": stage.file_fingerprint(src) | {"format": fmt}}
+    if cfg.input.partitions:  # a scheduled run's days: its key covers those days only
+        inputs: dict[str, Any] = {"raw": {"format": fmt, "partitions": {
+            Path(p).name: stage.file_fingerprint(p) for p in common.input_sources(cfg)}}}
+    else:
+        inputs = {"raw": stage.file_fingerprint(src) | {"format": fmt}}
     stage_cfg = {
         "input": cfg.input.model_dump(exclude={"path"}),
         "clean": cfg.clean.model_dump(),

@@ -59,21 +59,38 @@ def get_spark(cfg: PipelineConfig, app: str) -> SparkSession:
     return spark
 
 
+_EXTENSIONS = ((".csv", "csv"), (".jsonl", "jsonl"), (".json", "jsonl"), (".parquet", "parquet"))
+
+
 def detect_format(path: str, fmt: str) -> str:
+    """The input format: given, or by the file's extension, or for a local folder by the
+    extension its data files share (a folder of date partitions, say)."""
     if fmt != "auto":
         return fmt
     name = path.rstrip("/").lower()
-    for ext, f in (
-        (".csv", "csv"),
-        (".jsonl", "jsonl"),
-        (".json", "jsonl"),
-        (".parquet", "parquet"),
-    ):
+    for ext, f in _EXTENSIONS:
         if name.endswith(ext):
             return f
+    local = Path(path)
+    if "://" not in path and local.is_dir():
+        found = {f for p in local.rglob("*") if p.is_file() and not p.name.startswith((".", "_"))
+                 for ext, f in _EXTENSIONS if p.name.lower().endswith(ext)}
+        if len(found) == 1:
+            return found.pop()
     raise StageError(
         f"{path}: cannot tell the input format from the name; set input.format to csv, jsonl or parquet"
     )
+
+
+def input_sources(cfg: PipelineConfig, path: str | None = None) -> list[str]:
+    """What the clean stage reads: the input path, or its selected date partitions."""
+    src = str(cfg.resolve_path(path or cfg.input.path))
+    if not cfg.input.partitions:
+        return [src]
+    missing = [p for p in cfg.input.partitions if not (Path(src) / p).is_dir()]
+    if missing:
+        raise StageError(f"{src}: partition(s) not found: {', '.join(missing)}")
+    return [str(Path(src) / p) for p in cfg.input.partitions]
 
 
 def _mapped(cfg: PipelineConfig) -> dict[str, str]:
@@ -104,23 +121,25 @@ def read_raw(spark: SparkSession, cfg: PipelineConfig, path: str | None = None) 
     from pyspark.sql import functions as F
     from pyspark.sql.types import StringType, StructField, StructType
 
-    src = str(cfg.resolve_path(path or cfg.input.path))
+    sources = input_sources(cfg, path)
+    src = sources[0] if len(sources) == 1 else str(cfg.resolve_path(path or cfg.input.path))
     fmt = detect_format(src, cfg.input.format)
     mapping = _mapped(cfg)
-    local = Path(src)
-    if "://" not in src:
-        if not local.exists():
-            raise StageError(f"{src}: input not found")
-        if local.is_file() and local.stat().st_size == 0:
-            raise StageError(f"{src}: input is empty (0 bytes)")
+    for one in sources:
+        local = Path(one)
+        if "://" not in one:
+            if not local.exists():
+                raise StageError(f"{one}: input not found")
+            if local.is_file() and local.stat().st_size == 0:
+                raise StageError(f"{one}: input is empty (0 bytes)")
     try:
         if fmt == "parquet":
-            df = spark.read.parquet(src)
+            df = spark.read.parquet(*sources)
             present = df.columns
             _check_columns(src, present, mapping)
             df = df.withColumn(CORRUPT, F.lit(None).cast("string"))
         else:
-            present = _header(spark, src, fmt)
+            present = _header(spark, sources, fmt)
             _check_columns(src, present, mapping)
             schema = StructType(
                 [StructField(c, StringType()) for c in present]
@@ -144,10 +163,10 @@ def read_raw(spark: SparkSession, cfg: PipelineConfig, path: str | None = None) 
                     # Keep the text exactly as exported; the clean stage normalizes it.
                     .option("ignoreLeadingWhiteSpace", False)
                     .option("ignoreTrailingWhiteSpace", False)
-                    .csv(src)
+                    .csv(sources)
                 )
             else:
-                df = reader.json(src)
+                df = reader.json(sources)
     except AnalysisException as exc:
         raise StageError(f"{src}: cannot read as {fmt}: {exc.getMessage()}") from exc
     cols = []
@@ -160,12 +179,13 @@ def read_raw(spark: SparkSession, cfg: PipelineConfig, path: str | None = None) 
     return df.select(*cols, F.col(CORRUPT), F.col("_metadata.file_name").alias("_source"))
 
 
-def _header(spark: SparkSession, src: str, fmt: str) -> list[str]:
+def _header(spark: SparkSession, sources: list[str], fmt: str) -> list[str]:
     """Column names without a schema-inference pass over the whole file."""
     from pyspark.sql.utils import AnalysisException
 
+    src = sources[0] if len(sources) == 1 else ", ".join(sources)
     try:
-        head = [r.value for r in spark.read.text(src).limit(200).collect()]
+        head = [r.value for r in spark.read.text(sources).limit(200).collect()]
     except AnalysisException as exc:
         raise StageError(f"{src}: cannot read: {exc.getMessage()}") from exc
     head = [h for h in head if h.strip()]

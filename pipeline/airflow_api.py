@@ -1,0 +1,59 @@
+"""A small client of Airflow's REST API v2, as a user scripts it: a JWT from
+``POST /auth/token`` (simple auth manager), then the public API. Used by the services
+test and the whole-run benchmark; the official ``apache-airflow-client`` would do too, but
+its generated models add little for the four calls needed here."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import httpx
+
+DAG = "intentops_pipeline"
+ENDED = ("success", "failed")
+
+
+class AirflowApi:
+    def __init__(self, url: str, username: str, password: str, timeout: float = 60) -> None:
+        tok = httpx.post(f"{url}/auth/token", json={"username": username, "password": password}, timeout=timeout)
+        if tok.status_code >= 300:
+            raise RuntimeError(f"POST {url}/auth/token: {tok.status_code} {tok.text[:300]}")
+        self.http = httpx.Client(base_url=f"{url}/api/v2", timeout=timeout,
+                                 headers={"Authorization": f"Bearer {tok.json()['access_token']}"})
+
+    def __call__(self, method: str, path: str, **kw: Any) -> dict[str, Any]:
+        r = self.http.request(method, path, **kw)
+        if r.status_code >= 300:
+            raise RuntimeError(f"{method} {path}: {r.status_code} {r.text[:800]}")
+        return r.json()
+
+    def wait_dag(self, dag_id: str = DAG, timeout: float = 180) -> None:
+        """Until the dag-processor has parsed the DAG."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.http.get(f"/dags/{dag_id}").status_code == 200:
+                return
+            time.sleep(2)
+        raise TimeoutError(f"{dag_id} did not show up in the API within {timeout:.0f}s")
+
+    def trigger(self, conf: dict[str, Any], dag_id: str = DAG) -> str:
+        return self("POST", f"/dags/{dag_id}/dagRuns", json={"logical_date": None, "conf": conf})["dag_run_id"]
+
+    def wait_runs(self, run_ids: list[str], dag_id: str = DAG, timeout: float = 1800,
+                  poll: float = 5) -> dict[str, dict[str, Any]]:
+        deadline = time.monotonic() + timeout
+        runs: dict[str, dict[str, Any]] = {}
+        while time.monotonic() < deadline:
+            runs = {r: self("GET", f"/dags/{dag_id}/dagRuns/{r}") for r in run_ids}
+            if all(r["state"] in ENDED for r in runs.values()):
+                return runs
+            time.sleep(poll)
+        raise TimeoutError(f"runs not finished after {timeout:.0f}s: { {r: v['state'] for r, v in runs.items()} }")
+
+    def task_instances(self, run_id: str, dag_id: str = DAG) -> dict[str, dict[str, Any]]:
+        tis = self("GET", f"/dags/{dag_id}/dagRuns/{run_id}/taskInstances")["task_instances"]
+        return {t["task_id"]: t for t in tis}
+
+    def task_states(self, run_id: str, dag_id: str = DAG) -> dict[str, str]:
+        return {k: v["state"] for k, v in self.task_instances(run_id, dag_id).items()}

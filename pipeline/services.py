@@ -1,0 +1,281 @@
+"""The local services: ``intentops up`` / ``intentops down`` (``make up`` / ``make down``).
+
+``up`` starts, bound to 127.0.0.1 by default:
+
+* the MLflow tracking server with its UI and model registry, on a SQLite backend and a
+  local artifact store under ``var/mlflow/`` (the store ``make mlflow`` serves);
+* ``airflow standalone`` (API server with the UI and the REST API v2, scheduler,
+  dag-processor, triggerer; LocalExecutor, SQLite) in the project's ``AIRFLOW_HOME``, its
+  tasks logging to that MLflow server;
+* the serving stack (``deploy/``): the router and, once a model is champion, its server.
+
+Each process is started in a session of its own and recorded in ``var/services/state.json``
+with its start time, so ``down`` stops exactly what ``up`` started (whole process groups:
+the standalone's scheduler, API server and task processes go with it), plus the serving
+processes the deployment recorded; nothing else. A second ``up`` finds the recorded
+processes alive and starts nothing. Logs: ``var/services/logs/<service>.log``.
+
+Written here rather than with a process manager (supervisord, honcho): the services need
+ordering (MLflow before Airflow's tasks, the Airflow database migrated and the registry pool
+created before the scheduler), readiness checks on their HTTP endpoints, and a ``down``
+that also stops what the pipeline's deploy task started; that is about as much code as the
+configuration a manager would need, without a daemon of its own.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from pipeline.config import PROJECT_ROOT, PipelineConfig, load_config
+
+
+class ServiceError(RuntimeError):
+    """A service did not start or stop; the message says which and where its log is."""
+
+
+@dataclass(frozen=True)
+class Ports:
+    host: str
+    airflow: int
+    mlflow: int
+
+    @classmethod
+    def from_env(cls, env: dict[str, str] | None = None) -> Ports:
+        env = os.environ if env is None else env
+        return cls(host=env.get("INTENTOPS_SERVICES_HOST", "127.0.0.1"),
+                   airflow=int(env.get("INTENTOPS_AIRFLOW_PORT", "8080")),
+                   mlflow=int(env.get("INTENTOPS_MLFLOW_PORT", "5000")))
+
+
+def _root(cfg: PipelineConfig) -> Path:
+    return cfg.resolve_path("var/services") if not os.environ.get("INTENTOPS_SERVICES_ROOT") \
+        else Path(os.environ["INTENTOPS_SERVICES_ROOT"])
+
+
+def airflow_home() -> Path:
+    return Path(os.environ.get("AIRFLOW_HOME", str(PROJECT_ROOT / "var" / "airflow")))
+
+
+def passwords_file() -> Path:
+    """Where Airflow's simple auth manager writes the generated admin password."""
+    return Path(os.environ.get("AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE",
+                               str(airflow_home() / "simple_auth_manager_passwords.json.generated")))
+
+
+def admin_password() -> str:
+    return json.loads(passwords_file().read_text())["admin"]
+
+
+class Services:
+    def __init__(self, cfg: PipelineConfig | None = None, ports: Ports | None = None) -> None:
+        self.cfg = cfg or load_config()
+        self.ports = ports or Ports.from_env()
+        self.root = _root(self.cfg)
+        self.logs = self.root / "logs"
+        self.state_file = self.root / "state.json"
+        self.bin = Path(sys.executable).parent
+
+    # -- urls ---------------------------------------------------------------------------
+
+    @property
+    def airflow_url(self) -> str:
+        return f"http://{self.ports.host}:{self.ports.airflow}"
+
+    @property
+    def mlflow_url(self) -> str:
+        return f"http://{self.ports.host}:{self.ports.mlflow}"
+
+    # -- state --------------------------------------------------------------------------
+
+    def state(self) -> dict[str, Any]:
+        return json.loads(self.state_file.read_text()) if self.state_file.exists() else {}
+
+    def _save(self, state: dict[str, Any]) -> None:
+        self.root.mkdir(parents=True, exist_ok=True)
+        tmp = self.state_file.with_suffix(".tmp")
+        tmp.write_text(json.dumps(state, indent=2))
+        os.replace(tmp, self.state_file)
+
+    @staticmethod
+    def alive(proc: dict[str, Any] | None) -> bool:
+        """The recorded process runs and is the one we started (pids get reused)."""
+        if not proc:
+            return False
+        import psutil
+
+        try:
+            p = psutil.Process(proc["pid"])
+            return (p.is_running() and p.status() != psutil.STATUS_ZOMBIE
+                    and abs(p.create_time() - proc["create_time"]) < 1.0)
+        except psutil.NoSuchProcess:
+            return False
+
+    # -- environment --------------------------------------------------------------------
+
+    def env(self) -> dict[str, str]:
+        """The environment every service (and every Airflow task) runs with."""
+        env = dict(os.environ)
+        home = airflow_home()
+        env.update({
+            "PATH": f"{self.bin}{os.pathsep}{env.get('PATH', '')}",  # standalone spawns `airflow`
+            "AIRFLOW_HOME": str(home),
+            "AIRFLOW__CORE__DAGS_FOLDER": env.get("AIRFLOW__CORE__DAGS_FOLDER", str(PROJECT_ROOT / "dags")),
+            "AIRFLOW__CORE__PLUGINS_FOLDER": env.get("AIRFLOW__CORE__PLUGINS_FOLDER",
+                                                     str(PROJECT_ROOT / "plugins")),
+            "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
+            "AIRFLOW__API__HOST": self.ports.host,
+            "AIRFLOW__API__PORT": str(self.ports.airflow),
+            "AIRFLOW__API__BASE_URL": self.airflow_url,
+            "AIRFLOW__CORE__EXECUTION_API_SERVER_URL": f"{self.airflow_url}/execution/",
+            "AIRFLOW_CONN_SPARK_DEFAULT": env.get("AIRFLOW_CONN_SPARK_DEFAULT",
+                                                  '{"conn_type": "spark", "host": "local[*]"}'),
+            "PYSPARK_PYTHON": env.get("PYSPARK_PYTHON", sys.executable),
+            "SPARK_LOCAL_IP": env.get("SPARK_LOCAL_IP", "127.0.0.1"),
+            "MLFLOW_TRACKING_URI": self.mlflow_url,
+            "PYTHONPATH": os.pathsep.join([str(PROJECT_ROOT), *filter(None, [env.get("PYTHONPATH")])]),
+        })
+        return env
+
+    # -- processes ----------------------------------------------------------------------
+
+    def _spawn(self, name: str, cmd: list[str], env: dict[str, str]) -> dict[str, Any]:
+        import psutil
+
+        self.logs.mkdir(parents=True, exist_ok=True)
+        log = self.logs / f"{name}.log"
+        with log.open("a") as fh:
+            fh.write(f"\n--- {time.strftime('%Y-%m-%d %H:%M:%S')} {' '.join(cmd[:3])} ...\n")
+            fh.flush()
+            proc = subprocess.Popen(cmd, cwd=PROJECT_ROOT, env=env, stdout=fh, stderr=subprocess.STDOUT,
+                                    stdin=subprocess.DEVNULL, start_new_session=True)
+        return {"pid": proc.pid, "create_time": psutil.Process(proc.pid).create_time(),
+                "log": str(log.relative_to(PROJECT_ROOT) if log.is_relative_to(PROJECT_ROOT) else log)}
+
+    def _wait(self, name: str, proc: dict[str, Any], url: str, timeout: float,
+              ok=lambda r: r.status_code == 200) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if not self.alive(proc):
+                raise ServiceError(f"{name} exited during start-up; see {proc['log']}")
+            try:
+                if ok(httpx.get(url, timeout=5)):
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(1)
+        raise ServiceError(f"{name} not ready at {url} after {timeout:.0f}s; see {proc['log']}")
+
+    @staticmethod
+    def _kill_group(proc: dict[str, Any], grace: float = 20.0) -> None:
+        import psutil
+
+        try:
+            pgid = os.getpgid(proc["pid"])
+        except ProcessLookupError:
+            return
+        members = [p for p in psutil.process_iter() if _pgid(p) == pgid]
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(pgid, signal.SIGTERM)
+        _, alive = psutil.wait_procs(members, timeout=grace)
+        for p in alive:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                p.kill()
+        psutil.wait_procs(alive, timeout=5)
+
+    # -- up / down ----------------------------------------------------------------------
+
+    def up(self) -> dict[str, Any]:
+        state = self.state()
+        env = self.env()
+        started: list[str] = []
+        if not self.alive(state.get("mlflow")):
+            store = Path(os.environ.get("INTENTOPS_MLFLOW_STORE") or self.cfg.resolve_path("var/mlflow"))
+            (store / "artifacts").mkdir(parents=True, exist_ok=True)
+            state["mlflow"] = self._spawn("mlflow", [
+                str(self.bin / "mlflow"), "server", "--host", self.ports.host, "--port", str(self.ports.mlflow),
+                "--backend-store-uri", f"sqlite:///{store / 'mlflow.db'}",
+                "--artifacts-destination", str(store / "artifacts"), "--workers", "1"], env)
+            self._save(state)
+            started.append("mlflow")
+        self._wait("mlflow", state["mlflow"], f"{self.mlflow_url}/health", 180)
+
+        if not self.alive(state.get("airflow")):
+            for cmd in (["db", "migrate"],
+                        ["pools", "set", "intentops_registry", "1", "model registry writes, one at a time"]):
+                out = subprocess.run([str(self.bin / "airflow"), *cmd], env=env, cwd=PROJECT_ROOT,
+                                     capture_output=True, text=True, timeout=900)
+                if out.returncode != 0:
+                    raise ServiceError(f"airflow {' '.join(cmd)} failed:\n{(out.stdout + out.stderr)[-3000:]}")
+            state["airflow"] = self._spawn("airflow", [str(self.bin / "airflow"), "standalone"], env)
+            self._save(state)
+            started.append("airflow")
+        self._wait("airflow", state["airflow"], f"{self.airflow_url}/api/v2/monitor/health", 300,
+                   ok=_airflow_healthy)
+
+        from deploy import task as deploy_task
+
+        os.environ["MLFLOW_TRACKING_URI"] = self.mlflow_url  # the champion comes from this registry
+        stable = deploy_task.ensure_serving(self.cfg)
+        state["serving"] = {"router": deploy_task.router_url(self.cfg),
+                            "stable_version": stable and stable.get("version")}
+        self._save(state)
+        return {"started": started, **self.describe(state)}
+
+    def describe(self, state: dict[str, Any] | None = None) -> dict[str, Any]:
+        state = self.state() if state is None else state
+        from deploy.deployment import Deployment
+
+        dep = Deployment(self.cfg)
+        return {
+            "airflow": {"url": self.airflow_url, "user": "admin", "password_file": _rel(passwords_file()),
+                        "running": self.alive(state.get("airflow"))},
+            "mlflow": {"url": self.mlflow_url, "running": self.alive(state.get("mlflow"))},
+            "router": {"url": (state.get("serving") or {}).get("router"),
+                       "client_keys_file": _rel(dep.secrets / "client_keys"),
+                       "stable_version": (state.get("serving") or {}).get("stable_version")},
+            "logs": _rel(self.logs),
+        }
+
+    def down(self) -> list[str]:
+        from deploy.deployment import Deployment
+
+        stopped = [f"serving: {s}" for s in Deployment(self.cfg).stop()]
+        state = self.state()
+        for name in ("airflow", "mlflow"):  # Airflow's tasks may still be writing to MLflow
+            proc = state.get(name)
+            if self.alive(proc):
+                self._kill_group(proc)
+                stopped.append(f"{name} (pid {proc['pid']})")
+            state.pop(name, None)
+        state.pop("serving", None)
+        self._save(state)
+        return stopped
+
+
+def _airflow_healthy(r: httpx.Response) -> bool:
+    if r.status_code != 200:
+        return False
+    body = r.json()
+    return all((body.get(c) or {}).get("status") == "healthy" for c in ("metadatabase", "scheduler"))
+
+
+def _pgid(p) -> int | None:
+    try:
+        return os.getpgid(p.pid)
+    except (ProcessLookupError, PermissionError):
+        return None
+
+
+def _rel(p: Path) -> str:
+    return str(p.relative_to(PROJECT_ROOT)) if p.is_relative_to(PROJECT_ROOT) else str(p)
