@@ -35,6 +35,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 from data_stages import write_results  # noqa: E402
 
 from pipeline.airflow_api import AirflowApi  # noqa: E402
+from pipeline.stage import run_dir  # noqa: E402
 
 MODEL = "intentops-intent-classifier"
 TARGETS = {"first_run_minutes": ("<=", 20.0), "second_run_share_of_first": ("<=", 0.10),
@@ -110,7 +111,7 @@ def main() -> None:
             run = api.wait_runs([run_id], timeout=3 * 3600, poll=2)[run_id]
             wall = time.perf_counter() - t0
             tis = api.task_instances(run_id)
-            summary = json.loads((base / "lake" / "runs" / run_id / "summary.json").read_text())
+            summary = json.loads((run_dir(base / "lake", run_id) / "summary.json").read_text())
             deploy = tis.get("deploy", {})
             runs.append({
                 "run": label, "run_id": run_id, "state": run["state"],

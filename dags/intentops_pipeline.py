@@ -115,7 +115,9 @@ def spark_stage(task_id: str, cls: type[SparkSubmitOperator] = SparkSubmitOperat
     tags=["intentops", "data"],
     params={
         "input_path": Param(
-            "var/demo/raw/daily",
+            # INTENTOPS__INPUT__PATH, the config's own override, sets the default here too
+            # (the scaled-out shape and the tests point scheduled runs at their export).
+            os.environ.get("INTENTOPS__INPUT__PATH", "var/demo/raw/daily"),
             type="string",
             minLength=1,
             description="Raw export to process: a CSV, JSONL or Parquet file or folder. A folder "
