@@ -22,8 +22,15 @@ class AirflowApi:
         self.http = httpx.Client(base_url=f"{url}/api/v2", timeout=timeout,
                                  headers={"Authorization": f"Bearer {tok.json()['access_token']}"})
 
-    def __call__(self, method: str, path: str, **kw: Any) -> dict[str, Any]:
+    def __call__(self, method: str, path: str, retries: int = 10, **kw: Any) -> dict[str, Any]:
         r = self.http.request(method, path, **kw)
+        # 503 is Airflow's "try again": on SQLite (standalone) creating a backfill while the
+        # scheduler writes answers "Database is locked".
+        for attempt in range(retries):
+            if r.status_code != 503:
+                break
+            time.sleep(min(2 + 2 * attempt, 10))
+            r = self.http.request(method, path, **kw)
         if r.status_code >= 300:
             raise RuntimeError(f"{method} {path}: {r.status_code} {r.text[:800]}")
         return r.json()
