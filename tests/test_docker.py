@@ -616,8 +616,10 @@ def test_the_report_plugin_and_the_demo_input_are_where_the_dag_looks(worker_vie
     assert "intentops-data:/data:ro" in compose["airflow-api-server"]["volumes"]
     # The DAG's default input resolves, in the image, into the shared data volume.
     dag = (ROOT / "dags" / "intentops_pipeline.py").read_text()
-    default = re.search(r'"input_path": Param\(\s*"([^"]+)"', dag).group(1)
-    assert default.startswith("var/demo/")
+    m = re.search(r'"input_path": Param\(\s*(?:#[^\n]*\n\s*)*os\.environ\.get\("INTENTOPS__INPUT__PATH", "([^"]+)"\)', dag)
+    assert m, "the DAG's input_path default is no longer INTENTOPS__INPUT__PATH or a literal path"
+    default = env.get("INTENTOPS__INPUT__PATH", m.group(1))
+    assert default.startswith(("var/demo/", "/data/"))
     assert "ln -s /data/input/demo /opt/intentops/var/demo" in (DOCKER / "airflow" / "Dockerfile").read_text()
 
 
