@@ -43,6 +43,11 @@ DECISION_TAG = "intentops.deploy.decision"
 REASON_TAG = "intentops.deploy.reason"
 
 
+# The processes this process started, by pid: wait_ready asks them, not /proc, whether
+# they exited (and reaps them).
+_CHILDREN: dict[int, subprocess.Popen] = {}
+
+
 class DeployError(RuntimeError):
     """A deployment step that cannot go on (refused build, server never ready...)."""
 
@@ -131,14 +136,20 @@ class Deployment:
                                 cwd=PROJECT_ROOT, env=env, stdout=logf, stderr=subprocess.STDOUT,
                                 stdin=subprocess.DEVNULL, start_new_session=True)
         logf.close()
+        _CHILDREN[proc.pid] = proc
         return {"pid": proc.pid, "port": port, "url": f"http://{self.d.host}:{port}", "module": module,
                 "log": str(self.root / "logs" / f"{logname}.log"), "started": time.time()}
 
     def wait_ready(self, proc: dict[str, Any], timeout: float | None = None) -> None:
         deadline = time.time() + (timeout or self.d.ready_timeout_seconds)
+        child = _CHILDREN.get(proc["pid"])
         while time.time() < deadline:
-            if not self.alive(proc):
-                raise DeployError(f"{proc['module']} exited before it was ready; log: {proc['log']}")
+            # Our own child: its exit status is the truth (a /proc read under heavy load once
+            # reported a live server as gone, and the rollout aborted while it kept running).
+            code = child.poll() if child is not None else (None if self.alive(proc) else "unknown")
+            if code is not None:
+                raise DeployError(f"{proc['module']} exited (status {code}) before it was ready; "
+                                  f"log: {proc['log']}")
             with contextlib.suppress(httpx.HTTPError):
                 if httpx.get(f"{proc['url']}/health/ready", timeout=2).status_code == 200:
                     return

@@ -169,21 +169,29 @@ def test_stable_that_dies_during_a_rollout_is_restarted(registry):
     v2 = reg["add"]()
     import threading
 
+    rollout_over = threading.Event()
+
     def kill_stable():
         import os
         import signal
-        import time
 
         # Kill it once the rollout is under way (the canary is up), not after a fixed
         # delay: on a loaded machine fetching the build can take longer than any delay,
-        # and the controller's start-up check would then restart stable silently.
-        deadline = time.monotonic() + 300
-        while not dep.state().get("canary") and time.monotonic() < deadline:
-            time.sleep(0.2)
-        os.kill(old_pid, signal.SIGKILL)
+        # and the controller's start-up check would then restart stable silently. Never
+        # after the rollout: pids are reused, and a late kill could hit another process.
+        while not rollout_over.wait(0.2):
+            if dep.state().get("canary"):
+                if psutil.pid_exists(old_pid) and "deploy.server" in " ".join(psutil.Process(old_pid).cmdline()):
+                    os.kill(old_pid, signal.SIGKILL)
+                return
 
-    threading.Thread(target=kill_stable, daemon=True).start()
-    r = roll(reg, v2)
+    killer = threading.Thread(target=kill_stable, daemon=True)
+    killer.start()
+    try:
+        r = roll(reg, v2)
+    finally:
+        rollout_over.set()
+        killer.join()
     assert any("restarted" in e["event"] for e in r["events"]), r["events"]
     assert r["decision"] in ("promoted", "rolled_back")
     dep.stop()
@@ -194,5 +202,5 @@ def test_canary_that_never_becomes_ready_is_aborted(registry, tmp_path):
     dep = Deployment(reg["cfg"](**{"deploy.ready_timeout_seconds": 3}))
     bad = tmp_path / "bad"
     bad.mkdir()
-    with pytest.raises(DeployError, match="exited before it was ready|not ready after"):
+    with pytest.raises(DeployError, match="exited .*before it was ready|not ready after"):
         dep.start_server(bad, "9", "canary")
