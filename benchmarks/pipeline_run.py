@@ -87,11 +87,14 @@ def main() -> None:
         INTENTOPS__LAKE_ROOT=str(base / "lake"),
         INTENTOPS__DEPLOY__ROOT=str(base / "deploy"),
         INTENTOPS__DEPLOY__ROUTER_PORT=str(_free_port()),
+        # Scheduled runs read this export's days; today has none, so the run Airflow
+        # creates for the latest interval on unpausing skips at once.
+        INTENTOPS__INPUT__PATH=str(base / "raw" / "daily"),
     )
     cli = [sys.executable, "-m", "pipeline.cli"]
     raw = base / "raw"
     subprocess.run([sys.executable, "-m", "pipeline.rawdata", "--out", str(raw), "--rows", str(args.rows),
-                    "--seed", str(args.seed), "--format", "csv"], env=env, cwd=ROOT, check=True)
+                    "--seed", str(args.seed), "--format", "csv", "--daily"], env=env, cwd=ROOT, check=True)
     t_up = time.perf_counter()
     up = subprocess.run([*cli, "up"], env=env, cwd=ROOT, capture_output=True, text=True)
     if up.returncode != 0:
@@ -102,6 +105,7 @@ def main() -> None:
         password = json.loads((base / "airflow" / "simple_auth_manager_passwords.json.generated").read_text())["admin"]
         api = AirflowApi(info["airflow"]["url"], "admin", password)
         api.wait_dag()
+        api("PATCH", "/dags/intentops_pipeline", json={"is_paused": False})  # paused at creation
         conf = {"input_path": str(raw / "raw.csv")}
         runs = []
         for label in ("first", "second"):
