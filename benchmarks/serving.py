@@ -8,7 +8,9 @@ per concurrency level.
 
     .venv/bin/python benchmarks/serving.py [--concurrency 1 8 32] [--seconds 20]
 
-Results go to ``benchmarks/results/serving.json``; docs/BENCHMARKS.md quotes them.
+Results go to ``benchmarks/results/serving.json``. The issue-7 benchmark (through the
+router, against ``mlflow models serve`` and a plain PyTorch server, load from wrk) is
+``benchmarks/serving_compare.py``; docs/BENCHMARKS.md quotes that one.
 """
 
 from __future__ import annotations

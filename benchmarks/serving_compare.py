@@ -18,17 +18,27 @@ training benchmark's), run side by side in one run:
 Before timing, the same test messages go to all three one by one and their labels are
 compared (the int8 build against the fp32 pyfunc and eager model), so the figures are for
 one model. Then, for each ``--concurrency`` level, each contender in turn gets
-``--seconds`` of closed-loop load (one test message per request, httpx async clients, as
-in ``benchmarks/serving.py``), ``--repeats`` times (the contender order rotates between
-repeats); medians over repeats are reported. Every server gets the same thread budget
-(``--threads``, default every core: ORT intra-op threads for the int8 server,
-``torch.set_num_threads`` for the plain server, ``OMP_NUM_THREADS``/``MKL_NUM_THREADS`` for
-all); the load generator runs in this process on the same cores. Per level and contender the
-CPU use (in cores) of the contender's process tree, of the load generator, of the idle
-contenders and of every other process on the machine is measured, so a run disturbed by
-another job shows it (``other_cpu_cores``).
+``--seconds`` of closed-loop load, ``--repeats`` times (the contender order rotates
+between repeats); medians over repeats are reported. The load comes from ``wrk`` (C, its
+own process, one thread; a Lua hook sends the Banking77 test messages in the same order
+to every contender, one message per request, each connection sending its next request as
+soon as it has the last answer). ``--loadgen httpx`` runs async httpx clients in this
+process instead, as ``benchmarks/serving.py`` does; they cost 1.1 to 2.8 ms of CPU per
+request on the cores the servers need (wrk: under 0.1 ms), more than the whole router
+path at 32 clients, so they measure the load generator as much as the servers. Every server gets the same thread budget (``--threads``,
+default every core: ORT intra-op threads for the int8 server, ``torch.set_num_threads``
+for the plain server, ``OMP_NUM_THREADS``/``MKL_NUM_THREADS`` for all). Per level and
+contender the CPU use (in cores) of the contender's process tree, of the load generator,
+of the idle contenders and of every other process on the machine is measured, so a run
+disturbed by another job shows it (``other_cpu_cores``); for the router path also the
+int8 server's mean batch size.
 
-    .venv/bin/python benchmarks/serving_compare.py [--concurrency 1 8 32] [--seconds 15] [--repeats 1]
+The int8 build is ``--build`` or, by default, built from ``--model-dir`` into
+``var/bench/export/`` (the training benchmark's model) or the scratch folder (any other).
+Its side files must match the model's.
+
+    .venv/bin/python benchmarks/serving_compare.py [--model-dir DIR] [--build DIR] \
+        [--concurrency 1 8 32] [--seconds 15] [--repeats 1] [--loadgen wrk|httpx]
 
 Results go to ``benchmarks/results/serving_compare.json``; a markdown table is printed.
 """
@@ -41,6 +51,7 @@ import contextlib
 import hashlib
 import json
 import os
+import shutil
 import signal
 import statistics
 import subprocess
@@ -154,6 +165,7 @@ class Contender:
     body: Any  # text -> bytes
     labels: Any  # response JSON -> list of labels
     pids: list[int] = field(default_factory=list)  # process groups that make up this contender
+    metrics_url: str | None = None  # a deploy.server /metrics: the mean batch size is recorded
 
 
 def body_predict(text: str) -> bytes:
@@ -224,9 +236,57 @@ def tree_cpu(pids: list[int]) -> float:
     return total
 
 
-async def load(c: Contender, texts: list[str], concurrency: int, seconds: float) -> dict[str, Any]:
-    """Closed loop: ``concurrency`` clients, each sends its next message as soon as it has
-    the answer to the last (the approach of ``benchmarks/serving.py``, with errors caught)."""
+# wrk's Lua hooks: POST bodies read from a file (one JSON body per line) and sent in turn,
+# the same sequence for every contender; a JSON line of counts and percentiles at the end.
+WRK_SCRIPT = r"""
+local bodies = {}
+local sent = 0
+wrk.method = "POST"
+function init(args)
+  for line in io.lines(args[1]) do bodies[#bodies + 1] = line end
+end
+function request()
+  sent = sent + 1
+  return wrk.format(nil, nil, nil, bodies[(sent - 1) % #bodies + 1])
+end
+function done(summary, latency, requests)
+  local e = summary.errors
+  io.write(string.format('{"responses": %d, "duration_us": %d, "connect": %d, "read": %d, "write": %d, '
+    .. '"status": %d, "timeout": %d, "p50_us": %d, "p99_us": %d}\n', summary.requests, summary.duration,
+    e.connect, e.read, e.write, e.status, e.timeout, latency:percentile(50), latency:percentile(99)))
+end
+"""
+
+
+def load_wrk(c: Contender, texts: list[str], concurrency: int, seconds: float, work: Path) -> dict[str, Any]:
+    """Closed loop with wrk (C, one thread, ``concurrency`` keep-alive connections, each
+    sending its next request as soon as it has the answer to the last). Its CPU use is
+    its own (``loadgen_cpu_s``), not the servers'."""
+    import resource
+
+    bodies, script = work / f"wrk-bodies-{c.name}.txt", work / "wrk-post.lua"
+    bodies.write_bytes(b"".join(c.body(t) + b"\n" for t in texts))
+    script.write_text(WRK_SCRIPT)
+    headers = [a for k, v in {"Content-Type": "application/json", **c.headers}.items() for a in ("-H", f"{k}: {v}")]
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    # No other child of this process ends meanwhile (the servers run until the end), so
+    # the children's CPU delta is wrk's.
+    out = subprocess.run(["wrk", "-t1", f"-c{concurrency}", f"-d{max(1, round(seconds))}s", "--timeout", "60s",
+                          "-s", str(script), *headers, c.url + c.path, "--", str(bodies)],
+                         capture_output=True, text=True, check=True)
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    summary = json.loads(next(line for line in out.stdout.splitlines() if line.startswith("{")))
+    wall = summary["duration_us"] / 1e6
+    ok = summary["responses"] - summary["status"]  # wrk counts non-2xx answers among the responses
+    errors = sum(summary[k] for k in ("connect", "read", "write", "status", "timeout"))
+    return {"requests": ok, "errors": errors, "wall_s": wall, "requests_per_s": ok / wall,
+            "p50_ms": summary["p50_us"] / 1000, "p99_ms": summary["p99_us"] / 1000,
+            "loadgen_cpu_s": after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime}
+
+
+async def load_httpx(c: Contender, texts: list[str], concurrency: int, seconds: float) -> dict[str, Any]:
+    """Closed loop in this process: ``concurrency`` httpx async clients, each sends its next
+    message as soon as it has the answer to the last (the approach of ``benchmarks/serving.py``)."""
     import httpx
     import numpy as np
 
@@ -259,7 +319,30 @@ async def load(c: Contender, texts: list[str], concurrency: int, seconds: float)
         wall = time.perf_counter() - t0
     ms = np.array(lat) * 1000 if lat else np.array([float("nan")])
     return {"requests": len(lat), "errors": errors, "wall_s": wall, "requests_per_s": len(lat) / wall,
-            "p50_ms": float(np.percentile(ms, 50)), "p99_ms": float(np.percentile(ms, 99))}
+            "p50_ms": float(np.percentile(ms, 50)), "p99_ms": float(np.percentile(ms, 99)), "loadgen_cpu_s": 0.0}
+
+
+def load(c: Contender, texts: list[str], concurrency: int, seconds: float, loadgen: str, work: Path) -> dict[str, Any]:
+    if loadgen == "wrk":
+        return load_wrk(c, texts, concurrency, seconds, work)
+    return asyncio.run(load_httpx(c, texts, concurrency, seconds))
+
+
+def settle(pids: list[int], quiet_cores: float = 0.05, timeout: float = 60.0) -> float:
+    """Wait until these process trees use less than ``quiet_cores``; the seconds waited.
+
+    When the load generator stops, a server still answers the requests it had accepted:
+    a server answering one request at a time under 32 clients can hold seconds of them,
+    which would otherwise run during the next contender's measurement."""
+    t0 = time.perf_counter()
+    cpu = tree_cpu(pids)
+    while time.perf_counter() - t0 < timeout:
+        time.sleep(0.5)
+        now = tree_cpu(pids)
+        if (now - cpu) / 0.5 < quiet_cores:
+            break
+        cpu = now
+    return time.perf_counter() - t0
 
 
 def busy_cpu() -> float:
@@ -270,17 +353,33 @@ def busy_cpu() -> float:
     return sum(t) - t.idle - getattr(t, "iowait", 0.0)
 
 
-def measured(c: Contender, idle: list[int], texts: list[str], concurrency: int, seconds: float) -> dict[str, Any]:
-    server0, idle0, gen0, all0 = tree_cpu(c.pids), tree_cpu(idle), time.process_time(), busy_cpu()
-    res = asyncio.run(load(c, texts, concurrency, seconds))
+def batches(metrics_url: str | None) -> tuple[float, float]:
+    """(texts, model calls) so far, from deploy.server's batch-size histogram."""
+    if metrics_url is None:
+        return 0.0, 0.0
+    import httpx
+
+    lines = httpx.get(metrics_url, timeout=10).text.splitlines()
+    return tuple(next(float(x.split()[-1]) for x in lines if x.startswith(f"intentops_batch_size_{k} "))
+                 for k in ("sum", "count"))
+
+
+def measured(c: Contender, idle: list[int], texts: list[str], concurrency: int, seconds: float,
+             loadgen: str, work: Path) -> dict[str, Any]:
+    b0 = batches(c.metrics_url)
+    server0, idle0, own0, all0 = tree_cpu(c.pids), tree_cpu(idle), time.process_time(), busy_cpu()
+    res = load(c, texts, concurrency, seconds, loadgen, work)
     server_cpu, idle_cpu = tree_cpu(c.pids) - server0, tree_cpu(idle) - idle0
-    gen_cpu, all_cpu = time.process_time() - gen0, busy_cpu() - all0
+    gen_cpu, all_cpu = time.process_time() - own0 + res.pop("loadgen_cpu_s"), busy_cpu() - all0
     res["server_cpu_cores"] = server_cpu / res["wall_s"]  # 1.0 = one core busy all the time
-    res["loadgen_cpu_cores"] = gen_cpu / res["wall_s"]
+    res["loadgen_cpu_cores"] = gen_cpu / res["wall_s"]  # wrk, or the httpx clients, plus this process
     res["idle_contenders_cpu_cores"] = idle_cpu / res["wall_s"]
     # Busy CPU of processes not of this run (another job on the machine) meanwhile.
     res["other_cpu_cores"] = max(0.0, all_cpu - server_cpu - idle_cpu - gen_cpu) / res["wall_s"]
     res["server_cpu_ms_per_request"] = 1000 * server_cpu / max(res["requests"], 1)
+    if c.metrics_url:
+        b1 = batches(c.metrics_url)
+        res["mean_batch_size"] = (b1[0] - b0[0]) / max(b1[1] - b0[1], 1)
     return res
 
 
@@ -306,11 +405,14 @@ def agreement(contenders: list[Contender], texts: list[str]) -> dict[str, Any]:
 
 def median_level(runs: list[dict[str, Any]]) -> dict[str, Any]:
     keys = ["requests_per_s", "p50_ms", "p99_ms", "server_cpu_cores", "loadgen_cpu_cores",
-            "idle_contenders_cpu_cores", "other_cpu_cores", "server_cpu_ms_per_request"]
+            "idle_contenders_cpu_cores", "other_cpu_cores", "server_cpu_ms_per_request", "settle_s"]
     out: dict[str, Any] = {k: statistics.median(r[k] for r in runs) for k in keys}
+    if "mean_batch_size" in runs[0]:
+        out["mean_batch_size"] = statistics.median(r["mean_batch_size"] for r in runs)
     out["requests"] = sum(r["requests"] for r in runs)
     out["errors"] = sum(r["errors"] for r in runs)
-    out["repeats"] = [{k: r[k] for k in ("requests_per_s", "p50_ms", "p99_ms", "errors")} for r in runs]
+    out["repeats"] = [{k: r[k] for k in ("requests_per_s", "p50_ms", "p99_ms", "errors", "other_cpu_cores",
+                                         "idle_contenders_cpu_cores")} for r in runs]
     return out
 
 
@@ -329,6 +431,8 @@ def markdown(levels: dict[str, dict[str, dict[str, Any]]], concurrency: list[int
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model-dir", default=DEFAULT_MODEL_DIR, help="trained model folder (model_config.json ...)")
+    ap.add_argument("--build", default=None,
+                    help="an int8 ONNX build of --model-dir (default: built like benchmarks/serving.py does)")
     ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 32])
     ap.add_argument("--seconds", type=float, default=15)
     ap.add_argument("--repeats", type=int, default=1)
@@ -337,6 +441,8 @@ def main() -> None:
     ap.add_argument("--mlflow-workers", type=int, default=1, help="uvicorn workers of mlflow models serve")
     ap.add_argument("--base-port", type=int, default=8290, help="ports base .. base+3")
     ap.add_argument("--agreement-messages", type=int, default=200)
+    ap.add_argument("--loadgen", choices=["wrk", "httpx"], default="wrk",
+                    help="wrk (a C program, its own process) or httpx clients in this process")
     ap.add_argument("--work", default=None, help="scratch folder (default: <tmp>/servebench)")
     ap.add_argument("--out", default="benchmarks/results/serving_compare.json")
     ap.add_argument("--torch-server", action="store_true", help=argparse.SUPPRESS)
@@ -346,10 +452,12 @@ def main() -> None:
     from export.runtime import default_threads
 
     threads = args.threads or default_threads()
-    model_dir = (ROOT / args.model_dir).resolve() if not Path(args.model_dir).is_absolute() else Path(args.model_dir)
+    model_dir = (ROOT / args.model_dir).resolve()  # an absolute path stays as it is
     if args.torch_server:
         torch_server(str(model_dir), args.port, threads)
         return
+    if args.loadgen == "wrk" and not shutil.which("wrk"):
+        raise SystemExit("wrk is not on PATH (Debian: apt-get install wrk), or use --loadgen httpx")
 
     import pandas as pd
 
@@ -371,7 +479,8 @@ def main() -> None:
     # made from the default model; any other model is built into the scratch folder.
     default = (ROOT / DEFAULT_MODEL_DIR).resolve()
     export_out = ROOT / "var/bench/export" if model_dir == default else work / f"export-{model_sha[:12]}"
-    build_dir = ensure_build(model_dir, export_out)
+    build_dir = (ROOT / args.build).resolve() if args.build else ensure_build(model_dir, export_out)
+    build_pre = json.loads((build_dir / "preprocessing.json").read_text())
     side_files = {f: sha256(build_dir / f) == sha256(model_dir / f) for f in ("labels.json", "tokenizer.json")}
     if not all(side_files.values()):
         raise SystemExit(f"{build_dir} was not built from {model_dir}: {side_files}")
@@ -420,7 +529,8 @@ def main() -> None:
 
         contenders = [
             Contender("router", f"http://127.0.0.1:{p + 2}", "/v1/predict", {"X-API-Key": KEY},
-                      body_predict, labels_predict, [router_p.pid, server_p.pid]),
+                      body_predict, labels_predict, [router_p.pid, server_p.pid],
+                      metrics_url=f"http://127.0.0.1:{p + 1}/metrics"),
             Contender("mlflow", f"http://127.0.0.1:{p + 3}", "/invocations", {}, body_mlflow, labels_mlflow,
                       [mlflow_p.pid]),
             Contender("torch", f"http://127.0.0.1:{p}", "/v1/predict", {}, body_predict, labels_predict,
@@ -428,19 +538,19 @@ def main() -> None:
         ]
         agree = agreement(contenders, texts[: args.agreement_messages])
         for c in contenders:
-            asyncio.run(load(c, texts, 4, args.warmup_seconds))
+            load(c, texts, 4, args.warmup_seconds, args.loadgen, work)
         runs: dict[str, dict[int, list[dict[str, Any]]]] = {c.name: {} for c in contenders}
         for conc in args.concurrency:
             for r in range(args.repeats):
                 k = r % len(contenders)
                 for c in contenders[k:] + contenders[:k]:
                     idle = [pid for o in contenders if o is not c for pid in o.pids]
-                    res = measured(c, idle, texts, conc, args.seconds)
+                    res = measured(c, idle, texts, conc, args.seconds, args.loadgen, work)
+                    res["settle_s"] = settle(c.pids)
                     runs[c.name].setdefault(conc, []).append(res)
                     print(f"c={conc} repeat {r + 1}/{args.repeats} {c.name}: {res['requests_per_s']:.1f} req/s, "
-                          f"p50 {res['p50_ms']:.1f} ms, p99 {res['p99_ms']:.1f} ms, errors {res['errors']}",
-                          flush=True)
-                    time.sleep(1)
+                          f"p50 {res['p50_ms']:.1f} ms, p99 {res['p99_ms']:.1f} ms, errors {res['errors']}, "
+                          f"settled after {res['settle_s']:.1f} s", flush=True)
     finally:
         for proc in reversed(procs):
             stop(proc)
@@ -468,12 +578,24 @@ def main() -> None:
         ratios[f"router_vs_mlflow_rps_c{c}"] = (levels["router"][str(c)]["requests_per_s"]
                                                 / levels["mlflow"][str(c)]["requests_per_s"])
     table = markdown(levels, args.concurrency)
+
+    def shown(path: Path) -> str:
+        """A path as results may show it: relative to the project or to the scratch folder."""
+        for base, name in ((ROOT, ""), (work, "<work>"), (Path(tempfile.gettempdir()), "<tmp>")):
+            with contextlib.suppress(ValueError):
+                return str(Path(name, path.resolve().relative_to(base.resolve())))
+        return f"<elsewhere>/{path.name}"
+
     write_results({
-        "command": "python benchmarks/serving_compare.py " + " ".join(sys.argv[1:]),
-        "model_dir": str(model_dir), "model_pt_sha256": model_sha,
+        "command": "python benchmarks/serving_compare.py " + " ".join(
+            shown(Path(a)) if Path(a).is_absolute() else a for a in sys.argv[1:]),
+        "model_dir": shown(model_dir), "model_pt_sha256": model_sha,
         "contenders": {
             "router": {"what": "deploy.router -> deploy.server, int8 ONNX build, API keys on both hops",
-                       "build": str(build_dir), "server": f"max_batch 32, max_delay 5 ms, ORT threads {threads}",
+                       "build": shown(build_dir),
+                       "build_status": {k: build_pre.get(k) for k in ("status", "gate_reason", "quantization")},
+                       "server": f"deploy.server defaults (max_batch 32, max_delay_ms 5, no ORT spinning), "
+                                 f"ORT threads {threads}",
                        "build_side_files_match_model": side_files},
             "mlflow": {"what": "mlflow models serve --env-manager local, /invocations dataframe_records",
                        "model_uri": mlflow_uri, "workers": args.mlflow_workers,
@@ -483,14 +605,16 @@ def main() -> None:
                               "model run inline in the event loop, one request at a time, batch 1",
                       "torch_threads": threads},
         },
-        "fairness": (f"{threads} cores shared by everything: every server gets {threads} intra-op threads "
+        "fairness": (f"{default_threads()} cores shared by everything: every server gets {threads} intra-op "
+                     f"thread(s) "
                      f"(OMP/MKL_NUM_THREADS={threads}; ORT intra_op_num_threads / torch.set_num_threads); the router "
-                     "path is two processes (router + server); the httpx load generator runs in the benchmark "
-                     "process on the same cores (its CPU use is loadgen_cpu_cores). Servers stay up for the whole "
+                     f"path is two processes (router + server); the load generator ({args.loadgen}) runs on the "
+                     "same cores (its CPU use is loadgen_cpu_cores). Servers stay up for the whole "
                      "run; contenders take turns, idle while another is measured (idle_contenders_cpu_cores). "
                      "other_cpu_cores is CPU used meanwhile by processes not of this run: well above 0 means "
                      "the figures are from a contended machine."),
-        "seconds": args.seconds, "repeats": args.repeats, "warmup_seconds": args.warmup_seconds,
+        "loadgen": args.loadgen, "seconds": args.seconds, "repeats": args.repeats,
+        "warmup_seconds": args.warmup_seconds,
         "hardware": hardware(threads), "load_average_1_5_15": {"before": load_before, "after": os.getloadavg()},
         "agreement": agree,
         "levels": levels, "ratios": ratios, "targets": targets,

@@ -239,11 +239,12 @@ def create_app(router: Router) -> FastAPI:
         bearer = request.headers.get("authorization", "")
         return bearer[7:].strip() if bearer.lower().startswith("bearer ") else request.headers.get("x-api-key", "")
 
-    def auth(request: Request) -> None:
+    # async: FastAPI runs a plain ``def`` dependency in its thread pool, a thread hop per request.
+    async def auth(request: Request) -> None:
         if router.cfg.api_keys and not any(hmac.compare_digest(_key(request), k) for k in router.cfg.api_keys):
             raise HTTPException(401, "missing or unknown API key", headers={"WWW-Authenticate": "Bearer"})
 
-    def admin(request: Request) -> None:
+    async def admin(request: Request) -> None:
         if not router.cfg.admin_keys:
             raise HTTPException(403, "no admin key configured (INTENTOPS_ADMIN_KEYS)")
         if not any(hmac.compare_digest(_key(request), k) for k in router.cfg.admin_keys):
@@ -338,7 +339,9 @@ def main(argv: list[str] | None = None) -> int:
     cfg = RouterConfig(api_keys=keys, admin_keys=admin, upstream_key=os.environ.get("INTENTOPS_UPSTREAM_KEY", ""),
                        timeout_s=args.timeout, max_inflight=args.max_inflight)
     router = Router(cfg, Routes(args.stable, args.canary, args.weight, args.shadow))
-    uvicorn.run(create_app(router), host=args.host, port=args.port, log_level="info", access_log=False)
+    # uvloop and httptools explicitly (uvicorn's "auto" silently falls back to asyncio and h11).
+    uvicorn.run(create_app(router), host=args.host, port=args.port, log_level="info", access_log=False,
+                loop="uvloop", http="httptools")
     return 0
 
 

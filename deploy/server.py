@@ -5,10 +5,13 @@
 
 * ``POST /v1/predict`` with ``{"text": "..."}`` or ``{"texts": [...]}`` returns labels,
   scores and the model version; the OpenAPI schema is at ``/openapi.json``.
-* Requests are queued and a single worker runs them in micro-batches: up to
-  ``max_batch`` texts, waiting at most ``max_delay_ms`` after the first one for more. The
-  queue is bounded; when it is full the server answers 503 with ``Retry-After`` at once
-  instead of letting latency grow without bound.
+* Requests are queued and a single worker runs them in micro-batches of up to
+  ``max_batch`` texts: a request that finds the worker idle runs at once, the requests
+  that queued up while a batch ran make the next batch, and only under load does the
+  worker wait for more, at most ``max_delay_ms`` after the first. Within a batch, rows of
+  similar token length run together (``predict_by_length``). The queue is bounded; when it
+  is full the server answers 503 with ``Retry-After`` at once instead of letting latency
+  grow without bound.
 * ``/health/live`` (the process answers), ``/health/ready`` (a model is loaded and has
   answered a warm-up batch), ``/metrics`` (Prometheus: requests and errors by status,
   latency and batch-size histograms, queue depth in requests, the loaded model version).
@@ -36,16 +39,18 @@ import logging
 import os
 import random
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 from fastapi import Depends, FastAPI, HTTPException, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from export.runtime import OnnxClassifier
+from export.runtime import OnnxClassifier, session, softmax
 
 log = logging.getLogger("intentops.server")
 
@@ -58,6 +63,10 @@ class ServerConfig:
     max_items: int = 64  # texts per request
     max_chars: int = 1000  # like clean.max_chars: longer text is not a customer message
     threads: int = 0
+    # ONNX Runtime's idle worker threads spin for the next run by default. On cores shared
+    # with the router and the HTTP loop that burns CPU the requests need: with 2 threads,
+    # CPU per row at batch 16 went from 4.1 to 2.4 ms without spinning (2 shared cores).
+    spin: bool = False
     api_keys: list[str] = field(default_factory=list)
     # Fault injection for canary drills (like Envoy's fault filter): a share of requests
     # answered 500, and a delay added to every request. Off by default.
@@ -148,6 +157,45 @@ class Metrics:
                              ["version"], registry=self.registry)
 
 
+# A sub-batch ends where its padding would pass this share of its real tokens.
+PAD_SLACK = 1.25
+
+
+def predict_by_length(clf: OnnxClassifier, texts: Sequence[str]) -> tuple[list[str], list[float]]:
+    """``clf.predict(texts)``, run as sub-batches of rows of similar token length.
+
+    A batch is padded to its longest row, and customer messages are short and uneven
+    (Banking77 test: 15 tokens on average, 64 at most): 16 random messages in one batch
+    compute 2.3 times their real tokens, 32 of them 2.7 times. Sorted by length and cut
+    where padding would pass ``PAD_SLACK``, the model's CPU per row fell from 2.6 to 1.4 ms
+    at 16 rows and from 3.5 to 1.3 ms at 32 (int8 MiniLM, one thread)."""
+    encodings = clf.encoder.tok.encode_batch(list(texts))
+    sizes = [max(len(e.ids), 1) for e in encodings]
+    order = sorted(range(len(texts)), key=sizes.__getitem__)
+    chunks: list[list[int]] = []
+    real = 0
+    for i in order:
+        if chunks and sizes[i] * (len(chunks[-1]) + 1) <= PAD_SLACK * (real + sizes[i]):
+            chunks[-1].append(i)
+            real += sizes[i]
+        else:
+            chunks.append([i])
+            real = sizes[i]
+    labels, scores = [""] * len(texts), [0.0] * len(texts)
+    for rows in chunks:
+        width = sizes[rows[-1]]  # the longest: rows are in length order
+        ids = np.full((len(rows), width), clf.encoder.pad_id, dtype=np.int64)
+        mask = np.zeros((len(rows), width), dtype=np.int64)
+        for r, i in enumerate(rows):
+            ids[r, : len(encodings[i].ids)] = encodings[i].ids
+            mask[r, : len(encodings[i].ids)] = 1
+        p = softmax(clf.run(ids, mask))
+        for r, i in enumerate(rows):
+            k = int(p[r].argmax())
+            labels[i], scores[i] = clf.labels[k], float(p[r, k])
+    return labels, scores
+
+
 @dataclass
 class _Job:
     texts: list[str]
@@ -168,28 +216,49 @@ class Batcher:
         self.server.metrics.queue.set(self.queue.qsize())
         return fut
 
+    def _take(self, jobs: list[_Job], n: int) -> int:
+        """Move queued requests into the batch until it holds ``max_batch`` texts; the new count."""
+        while n < self.server.cfg.max_batch and not self.queue.empty():
+            job = self.queue.get_nowait()
+            jobs.append(job)
+            n += len(job.texts)
+        return n
+
     async def run(self) -> None:
         cfg = self.server.cfg
+        delay = cfg.max_delay_ms / 1000
+        last = 0  # texts in the previous batch
         while True:
+            idle_since = time.monotonic()
             first = await self.queue.get()
-            jobs, n = [first], len(first.texts)
-            deadline = time.monotonic() + cfg.max_delay_ms / 1000
-            while n < cfg.max_batch:
-                timeout = deadline - time.monotonic()
-                if timeout <= 0:
-                    break
-                try:
-                    job = await asyncio.wait_for(self.queue.get(), timeout)
-                except TimeoutError:
-                    break
-                jobs.append(job)
-                n += len(job.texts)
+            if time.monotonic() - idle_since > delay:
+                last = 0  # the worker sat idle: whoever comes next runs at once
+            jobs: list[_Job] = [first]
+            n = self._take(jobs, len(first.texts))
+            # Greedy first: what queued up while the previous batch ran joins this one, and
+            # a request that finds the worker idle runs at once (the old fixed wait cost
+            # every request at concurrency 1 the whole max_delay_ms). Under load the
+            # closed-loop clients of the previous batch are on their way back, so the worker
+            # waits for as many texts as the previous batch had, at most max_delay_ms.
+            # Measured through the router at concurrency 8 (2 shared cores): 430 requests/s
+            # against 361 never waiting and 320 always waiting the full 5 ms.
+            goal = min(cfg.max_batch, last)
+            if n < goal and delay > 0:
+                deadline = time.monotonic() + delay
+                while n < goal and (timeout := deadline - time.monotonic()) > 0:
+                    try:
+                        job = await asyncio.wait_for(self.queue.get(), timeout)
+                    except TimeoutError:
+                        break
+                    jobs.append(job)
+                    n = self._take(jobs, n + len(job.texts))
+            last = n
             self.server.metrics.queue.set(self.queue.qsize())
             model = self.server.model  # a reload swaps this reference; this batch keeps its own
             texts = [t for j in jobs for t in j.texts]
             self.server.metrics.batch.observe(len(texts))
             try:
-                labels, scores = await asyncio.to_thread(model.classifier.predict, texts, len(texts))
+                labels, scores = await asyncio.to_thread(predict_by_length, model.classifier, texts)
             except Exception as exc:  # the model failed: every waiting request gets a 500
                 for j in jobs:
                     if not j.future.done():
@@ -214,6 +283,8 @@ class ModelServer:
 
     def load(self, folder: Path, version: str, source: str) -> LoadedModel:
         clf = OnnxClassifier(folder, threads=self.cfg.threads)
+        if not self.cfg.spin:  # OnnxClassifier's session spins; open the model again without
+            clf.session = session(clf.model_path, self.cfg.threads, spin=False)
         clf.predict(["warm-up message about my card"] * min(4, self.cfg.max_batch))
         return LoadedModel(clf, version, source)
 
@@ -237,7 +308,9 @@ def create_app(server: ModelServer, initial: tuple[Path, str, str] | None = None
 
     app = FastAPI(title="intentops model server", version="1", lifespan=lifespan)
 
-    def auth(request: Request) -> None:
+    # async, like every dependency here: FastAPI runs a plain ``def`` dependency in its
+    # thread pool, one thread hop per request.
+    async def auth(request: Request) -> None:
         if not server.cfg.api_keys:
             return
         given = request.headers.get("x-api-key") or ""
@@ -340,7 +413,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-batch", type=int, default=32)
     ap.add_argument("--max-delay-ms", type=float, default=5.0)
     ap.add_argument("--max-queue", type=int, default=256)
-    ap.add_argument("--threads", type=int, default=0)
+    ap.add_argument("--threads", type=int, default=0, help="ONNX Runtime intra-op threads (0: every core)")
+    ap.add_argument("--spin", action="store_true",
+                    help="let ONNX Runtime's idle threads spin (lower latency on cores nothing else needs)")
     ap.add_argument("--no-auth", action="store_true", help="serve without API keys (local tests only)")
     ap.add_argument("--inject-fail-rate", type=float, default=0.0,
                     help="canary drills: answer this share of requests with 500")
@@ -350,12 +425,14 @@ def main(argv: list[str] | None = None) -> int:
     if not keys and not args.no_auth:
         ap.error("no API key configured: set INTENTOPS_API_KEYS or INTENTOPS_API_KEYS_FILE (or --no-auth)")
     cfg = ServerConfig(max_batch=args.max_batch, max_delay_ms=args.max_delay_ms, max_queue=args.max_queue,
-                       threads=args.threads, api_keys=keys, inject_fail_rate=args.inject_fail_rate,
+                       threads=args.threads, spin=args.spin, api_keys=keys, inject_fail_rate=args.inject_fail_rate,
                        inject_delay_ms=args.inject_delay_ms)
     folder, version = resolve_source(args.build, args.model_uri, Path(tempfile.mkdtemp(prefix="intentops-serve-")))
     server = ModelServer(cfg)
     app = create_app(server, (folder, version, args.build or args.model_uri))
-    uvicorn.run(app, host=args.host, port=args.port, log_level="info", access_log=False)
+    # uvloop and httptools explicitly (uvicorn's "auto" silently falls back to asyncio and h11).
+    uvicorn.run(app, host=args.host, port=args.port, log_level="info", access_log=False, loop="uvloop",
+                http="httptools")
     return 0
 
 

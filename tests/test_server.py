@@ -101,6 +101,38 @@ def test_concurrent_load_is_micro_batched_and_metered(server, trained):
     assert "intentops_model_info{" in m
 
 
+def test_an_idle_server_does_not_wait_for_a_batch(builds, project_env, trained):
+    # max_delay_ms is an upper bound for waiting under load, not a wait every request pays.
+    env = dict(project_env, INTENTOPS_API_KEYS=KEY)
+    proc, url = start(builds["int8"], env, "--max-delay-ms", "1000")
+    try:
+        with httpx.Client(base_url=url, headers=H, timeout=30) as client:
+            seconds = []
+            for text in trained["texts"][:5]:
+                t0 = time.perf_counter()
+                assert client.post("/v1/predict", json={"text": text}).status_code == 200
+                seconds.append(time.perf_counter() - t0)
+        assert max(seconds) < 0.5, seconds
+    finally:
+        proc.terminate()
+        proc.wait(timeout=20)
+
+
+@pytest.mark.parametrize("order", ["as_given", "short_first", "long_first"])
+def test_length_sorted_sub_batches_answer_each_row_like_the_whole_batch(builds, trained, order):
+    from deploy.server import predict_by_length
+    from export.runtime import OnnxClassifier
+
+    texts = [t * k for k, t in enumerate(trained["texts"][:12], start=1)]  # 1 to 12 copies: uneven lengths
+    if order != "as_given":
+        texts.sort(key=len, reverse=order == "long_first")
+    clf = OnnxClassifier(builds["fp32"], threads=1)  # fp32: no batch-dependent activation scales
+    want_labels, want_scores = clf.predict(texts)
+    labels, scores = predict_by_length(clf, texts)
+    assert labels == want_labels
+    assert scores == pytest.approx(want_scores, abs=1e-4)
+
+
 def test_overload_is_shed_with_503_and_retry_after(builds, project_env, trained):
     env = dict(project_env, INTENTOPS_API_KEYS=KEY)
     proc, url = start(builds["int8"], env, "--max-batch", "1", "--max-delay-ms", "0", "--max-queue", "2",
