@@ -18,7 +18,7 @@ export AIRFLOW_CONN_SPARK_DEFAULT ?= {"conn_type": "spark", "host": "local[*]"}
 export PYSPARK_PYTHON := $(BIN)/python
 export SPARK_LOCAL_IP ?= 127.0.0.1
 
-.PHONY: demo test venv lint bench mlflow clean-var up down browser
+.PHONY: demo test venv lint bench mlflow clean-var up down browser test-deps
 
 # Run the whole pipeline on the bundled demo data, through Airflow.
 demo: $(VENV)/.installed
@@ -31,14 +31,18 @@ demo: $(VENV)/.installed
 	@echo "Airflow log: var/demo/dags-test.log"
 	@$(BIN)/intentops summary
 
-# Chromium and its driver from Debian's packages, for the run report's browser test;
-# installed only when missing (apt-get needs root).
-browser:
+# What the tests need from Debian's packages, installed only when missing (apt-get needs
+# root): Chromium and its driver for the run report's browser test, the Postgres server for
+# the check of docker/'s database init script.
+browser: test-deps
+test-deps:
 	@test -x /usr/bin/chromium -a -x /usr/bin/chromedriver || ( apt-get update -q && \
 	  DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends chromium chromium-driver )
+	@ls /usr/lib/postgresql/*/bin/initdb > /dev/null 2>&1 || command -v initdb > /dev/null || ( \
+	  apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends postgresql )
 
 # The test suite: unit, Spark, DAG integrity and end-to-end through `airflow dags test`.
-test: $(VENV)/.installed browser
+test: $(VENV)/.installed test-deps
 	$(BIN)/python -m pytest -q
 
 lint: $(VENV)/.installed

@@ -221,22 +221,20 @@ def charts(rep: Report) -> dict[str, str]:
         ax.set_title("Rows in and kept per stage")
         ax.legend(loc="lower right", fontsize=8)
         out["chart-rows"] = _png(fig)
+    def counts_chart(counts: dict[str, int], color: str, xlabel: str, title: str) -> str:
+        items = sorted(counts.items(), key=lambda kv: kv[1])
+        fig, ax = plt.subplots(figsize=(7, 0.3 * len(items) + 1.2))
+        ax.barh([k for k, _ in items], [v for _, v in items], color=color)
+        ax.set_xlabel(xlabel)
+        ax.set_title(title)
+        return _png(fig)
+
     reasons = (st["clean"].row or {}).get("quarantine_by_reason") or {}
     if reasons:
-        items = sorted(reasons.items(), key=lambda kv: kv[1])
-        fig, ax = plt.subplots(figsize=(7, 0.3 * len(items) + 1.2))
-        ax.barh([k for k, _ in items], [v for _, v in items], color="#c44e52")
-        ax.set_xlabel("rows quarantined")
-        ax.set_title("Quarantine by reason")
-        out["chart-quarantine"] = _png(fig)
+        out["chart-quarantine"] = counts_chart(reasons, "#c44e52", "rows quarantined", "Quarantine by reason")
     pii = (st["desensitize"].row or {}).get("pii_entities") or {}
     if pii:
-        items = sorted(pii.items(), key=lambda kv: kv[1])
-        fig, ax = plt.subplots(figsize=(7, 0.3 * len(items) + 1.2))
-        ax.barh([k for k, _ in items], [v for _, v in items], color="#8172b2")
-        ax.set_xlabel("entities masked")
-        ax.set_title("PII masked by type")
-        out["chart-pii"] = _png(fig)
+        out["chart-pii"] = counts_chart(pii, "#8172b2", "entities masked", "PII masked by type")
     hist = _history(st["train"])
     if hist:
         steps = [h["step"] for h in hist]

@@ -736,25 +736,37 @@ def test_shell_scripts_parse():
         assert os.access(script, os.X_OK), f"{script} is not executable"
 
 
-@pytest.mark.skipif(not shutil.which("initdb") or not shutil.which("pg_ctl"),
-                    reason="Postgres server binaries (initdb, pg_ctl) not on this machine")
+def _postgres_bin() -> str:
+    """The folder of initdb and pg_ctl: on PATH, or Debian's /usr/lib/postgresql/<v>/bin
+    (`make test` installs the server when neither has it)."""
+    found = shutil.which("initdb")
+    if found:
+        return str(Path(found).resolve().parent)
+    debian = sorted(Path("/usr/lib/postgresql").glob("*/bin/initdb"))
+    if not debian:
+        pytest.fail("Postgres server binaries (initdb, pg_ctl) not found: run `make test-deps`")
+    return str(debian[-1].parent)
+
+
 def test_postgres_init_script_creates_both_databases():
     """Runs docker/postgres/init-databases.sh the way the postgres image does, against a
     throwaway cluster listening on a Unix socket only, then logs in as each role."""
     import tempfile
+
+    pg_bin = _postgres_bin()
 
     as_user: list[str] = []
     work = Path(tempfile.mkdtemp(prefix="intentops-pg-"))  # outside pytest's root-only tmp
     if os.geteuid() == 0:  # Postgres refuses to run as root
         runuser = shutil.which("runuser")
         if not runuser:
-            pytest.skip("running as root without runuser")
+            pytest.fail("running as root without runuser (util-linux): Postgres refuses to run as root")
         as_user = [runuser, "-u", "nobody", "--"]
         shutil.chown(work, "nobody")
     data, sock = work / "data", work / "sock"
 
     def run(*cmd: str, env: dict[str, str] | None = None, check: bool = True) -> subprocess.CompletedProcess:
-        full = {"PATH": os.environ["PATH"], "PGHOST": str(sock), "PGPORT": "54329", **(env or {})}
+        full = {"PATH": f"{pg_bin}{os.pathsep}{os.environ['PATH']}", "PGHOST": str(sock), "PGPORT": "54329", **(env or {})}
         p = subprocess.run([*as_user, *cmd], env=full, cwd=work, capture_output=True, text=True, timeout=60)
         assert not check or p.returncode == 0, p.stdout + p.stderr
         return p

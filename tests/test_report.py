@@ -336,7 +336,8 @@ def serve(app) -> Iterator[str]:
 def chromium(tmp_path: Path):
     """Debian's headless Chromium through its own chromedriver; nothing is downloaded."""
     if not (CHROMIUM.exists() and CHROMEDRIVER.exists()):
-        pytest.skip("Chromium is not installed: run `make browser` (apt-get install chromium chromium-driver)")
+        # `make test` installs it (make browser); a missing browser is a failed check, not a skip.
+        pytest.fail("Chromium is not installed: run `make browser` (apt-get install chromium chromium-driver)")
     from selenium import webdriver
     from selenium.webdriver.chrome.service import Service
 
