@@ -14,6 +14,12 @@ DAG = "intentops_pipeline"
 ENDED = ("success", "failed")
 
 
+def _epoch(iso: str) -> float:
+    from datetime import datetime
+
+    return datetime.fromisoformat(iso.replace("Z", "+00:00")).timestamp()
+
+
 class AirflowApi:
     def __init__(self, url: str, username: str, password: str, timeout: float = 60) -> None:
         tok = httpx.post(f"{url}/auth/token", json={"username": username, "password": password}, timeout=timeout)
@@ -46,6 +52,34 @@ class AirflowApi:
 
     def trigger(self, conf: dict[str, Any], dag_id: str = DAG) -> str:
         return self("POST", f"/dags/{dag_id}/dagRuns", json={"logical_date": None, "conf": conf})["dag_run_id"]
+
+    def create_backfill(self, body: dict[str, Any], retries: int = 10) -> dict[str, Any]:
+        """``POST /backfills``, safe to retry on SQLite's "database is locked".
+
+        Airflow commits the backfill row before it creates its runs; when a lock then answers
+        503, its clean-up of that row is best-effort (and takes the same lock), so the retry
+        can meet 409 "already a running backfill" from its own orphan. The orphan has no runs
+        (their transaction was rolled back), so it is cancelled and the creation retried. An
+        active backfill that predates this call is a real conflict and is reported."""
+        started = time.time()
+        locked = False
+        for attempt in range(retries + 1):
+            r = self.http.post("/backfills", json=body)
+            if r.status_code < 300:
+                return r.json()
+            if r.status_code == 503:
+                locked = True
+            elif r.status_code == 409 and locked:
+                orphans = [b for b in self("GET", "/backfills", params={"dag_id": body["dag_id"], "limit": 100})["backfills"]
+                           if b["completed_at"] is None and _epoch(b["created_at"]) >= started - 1]
+                if not orphans:
+                    break
+                for b in orphans:
+                    self.http.put(f"/backfills/{b['id']}/cancel")  # 409 if the scheduler closed it first
+            else:
+                break
+            time.sleep(min(2 + 2 * attempt, 10))
+        raise RuntimeError(f"POST /backfills: {r.status_code} {r.text[:800]}")
 
     def wait_runs(self, run_ids: list[str], dag_id: str = DAG, timeout: float = 1800,
                   poll: float = 5) -> dict[str, dict[str, Any]]:

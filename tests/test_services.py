@@ -144,7 +144,7 @@ def test_backfill_reads_its_days_and_a_second_backfill_is_all_cache_hits(service
 
     def backfill(reprocess: str) -> list[str]:
         """Create the backfill; wait until both its runs ended after it was created."""
-        created = api("POST", "/backfills", json={**body, "reprocess_behavior": reprocess})
+        created = api.create_backfill({**body, "reprocess_behavior": reprocess})
         started = created["created_at"]
         deadline = time.monotonic() + 1500
         while time.monotonic() < deadline and not api("GET", f"/backfills/{created['id']}")["completed_at"]:
