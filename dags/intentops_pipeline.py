@@ -183,7 +183,7 @@ def spark_stage(task_id: str, cls: type[SparkSubmitOperator] = SparkSubmitOperat
         ),
         "learning_rate": Param(
             None, type=["null", "number"], exclusiveMinimum=0,
-            description="Peak learning rate (empty: the configured one, 1e-4 for MiniLM).",
+            description="Peak learning rate (empty: the configured one, 2e-4 for MiniLM).",
         ),
         "canary_steps": Param(
             [10, 25, 50, 100], type="array", items={"type": "integer", "minimum": 1, "maximum": 100},
