@@ -33,6 +33,7 @@ from typing import Any
 
 import httpx
 
+from pipeline import procs
 from pipeline.config import PROJECT_ROOT, PipelineConfig
 
 log = logging.getLogger(__name__)
@@ -112,18 +113,7 @@ class Deployment:
 
     # -- processes ----------------------------------------------------------------------
 
-    @staticmethod
-    def alive(proc: dict[str, Any] | None) -> bool:
-        """The recorded process still runs, and is still ours (pids get reused)."""
-        if not proc:
-            return False
-        import psutil
-
-        try:
-            p = psutil.Process(proc["pid"])
-            return p.is_running() and p.status() != psutil.STATUS_ZOMBIE and proc["module"] in " ".join(p.cmdline())
-        except (psutil.NoSuchProcess, psutil.AccessDenied):
-            return False
+    alive = staticmethod(procs.alive)  # pid plus start time (pids get reused)
 
     def _spawn(self, module: str, args: list[str], env: dict[str, str | None], logname: str,
                port: int = 0) -> dict[str, Any]:
@@ -138,7 +128,8 @@ class Deployment:
         logf.close()
         _CHILDREN[proc.pid] = proc
         return {"pid": proc.pid, "port": port, "url": f"http://{self.d.host}:{port}", "module": module,
-                "log": str(self.root / "logs" / f"{logname}.log"), "started": time.time()}
+                "log": str(self.root / "logs" / f"{logname}.log"), "started": time.time(),
+                "create_time": procs.start_time(proc.pid)}
 
     def wait_ready(self, proc: dict[str, Any], timeout: float | None = None) -> None:
         deadline = time.time() + (timeout or self.d.ready_timeout_seconds)

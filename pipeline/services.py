@@ -37,6 +37,7 @@ from typing import Any
 
 import httpx
 
+from pipeline import procs
 from pipeline.config import PROJECT_ROOT, PipelineConfig, load_config
 
 
@@ -107,19 +108,7 @@ class Services:
         tmp.write_text(json.dumps(state, indent=2))
         os.replace(tmp, self.state_file)
 
-    @staticmethod
-    def alive(proc: dict[str, Any] | None) -> bool:
-        """The recorded process runs and is the one we started (pids get reused)."""
-        if not proc:
-            return False
-        import psutil
-
-        try:
-            p = psutil.Process(proc["pid"])
-            return (p.is_running() and p.status() != psutil.STATUS_ZOMBIE
-                    and abs(p.create_time() - proc["create_time"]) < 1.0)
-        except psutil.NoSuchProcess:
-            return False
+    alive = staticmethod(procs.alive)
 
     # -- environment --------------------------------------------------------------------
 
@@ -150,7 +139,6 @@ class Services:
     # -- processes ----------------------------------------------------------------------
 
     def _spawn(self, name: str, cmd: list[str], env: dict[str, str]) -> dict[str, Any]:
-        import psutil
 
         self.logs.mkdir(parents=True, exist_ok=True)
         log = self.logs / f"{name}.log"
@@ -159,7 +147,7 @@ class Services:
             fh.flush()
             proc = subprocess.Popen(cmd, cwd=PROJECT_ROOT, env=env, stdout=fh, stderr=subprocess.STDOUT,
                                     stdin=subprocess.DEVNULL, start_new_session=True)
-        return {"pid": proc.pid, "create_time": psutil.Process(proc.pid).create_time(),
+        return {"pid": proc.pid, "create_time": procs.start_time(proc.pid),
                 "log": str(log.relative_to(PROJECT_ROOT) if log.is_relative_to(PROJECT_ROOT) else log)}
 
     def _wait(self, name: str, proc: dict[str, Any], url: str, timeout: float,
