@@ -9,7 +9,7 @@ in tests/test_services.py."""
 from __future__ import annotations
 
 import json
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 import httpx
 import pytest
@@ -27,7 +27,7 @@ class FakeAirflow:
 
     def _add(self, created: str | None = None) -> dict:
         b = {"id": len(self.backfills) + 1, "dag_id": "d", "completed_at": None,
-             "created_at": created or datetime.now(timezone.utc).isoformat()}
+             "created_at": created or datetime.now(UTC).isoformat()}
         self.backfills.append(b)
         return b
 
@@ -48,7 +48,7 @@ class FakeAirflow:
         if path.endswith("/cancel"):
             bid = int(path.split("/")[-2])
             self.cancelled.append(bid)
-            self.backfills[bid - 1]["completed_at"] = datetime.now(timezone.utc).isoformat()
+            self.backfills[bid - 1]["completed_at"] = datetime.now(UTC).isoformat()
             return httpx.Response(200, json=self.backfills[bid - 1])
         return httpx.Response(404)
 
