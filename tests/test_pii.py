@@ -175,6 +175,21 @@ def test_prefilter_is_a_superset_of_rows_with_detections(sample) -> None:
     assert share < 0.6
 
 
+def test_gates_never_change_a_detection(sample, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The cheap gates in front of the name and address patterns only skip work: with
+    every gate open, every builder message (as written, lower- and upper-cased) gets the
+    same detections."""
+    _, texts = sample
+    variants = [v for t in list(texts.values())[:3000] for v in (t, t.lower(), t.upper())]
+    gated = [pii.detect(v) for v in variants]
+    monkeypatch.setattr(pii, "_may_hold_cased_name", lambda text, low: True)
+    monkeypatch.setattr(pii, "_cue_possible", lambda text, low: True)
+    monkeypatch.setattr(pii, "_street_gates", lambda text, low: (True, True, True, True))
+    open_ = [pii.detect(v) for v in variants]
+    assert sum(map(bool, open_)) > 1000  # the sample does exercise the detectors
+    assert [i for i, (a, b) in enumerate(zip(gated, open_, strict=True)) if a != b] == []
+
+
 def test_no_detections_in_the_original_banking77_messages() -> None:
     # The source texts carry no personal data (one message names a son, which is a name).
     plain = pd.read_csv(Path(__file__).parent.parent / "data" / "banking77" / "train.csv")["text"]
