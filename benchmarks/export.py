@@ -60,8 +60,8 @@ def main() -> None:
         pre = json.loads((Path(tmp) / "fp32" / "preprocessing.json").read_text())
         enc = TextEncoder(Path(tmp) / "fp32" / "tokenizer.json", pre["max_length"], pre["pad_id"])
         fns = {"pytorch_eager": onnx_build.torch_logits_fn(model),
-               "onnx_fp32": onnx_build.onnx_logits_fn(session(Path(tmp) / "fp32" / "model.onnx", spin=False)),
-               "onnx_int8": onnx_build.onnx_logits_fn(session(Path(tmp) / "int8" / "model.onnx", spin=False))}
+               "onnx_fp32": onnx_build.onnx_logits_fn(session(Path(tmp) / "fp32" / "model.onnx")),
+               "onnx_int8": onnx_build.onnx_logits_fn(session(Path(tmp) / "int8" / "model.onnx"))}
         runs = [report["builds"]] + [
             onnx_build.time_side_by_side(fns, enc, texts, cfg.latency_samples, cfg.throughput_batches)
             for _ in range(args.repeats - 1)]

@@ -65,7 +65,7 @@ def build_all(model_dir: str | Path, texts: Sequence[str], labels: Sequence[str]
     # The reference is the model exactly as PyTorch serves it (SDPA attention).
     model, spec = load_trained(model_dir)
     torch_fn = ob.torch_logits_fn(model)
-    fp32_sess = session(fp32_dir / MODEL_FILE, threads, spin=False)
+    fp32_sess = session(fp32_dir / MODEL_FILE, threads)
     fp32_fn = ob.onnx_logits_fn(fp32_sess)
     ref = ob.batched_logits(torch_fn, encoder, texts)
     got = ob.batched_logits(fp32_fn, encoder, texts)
@@ -86,7 +86,7 @@ def build_all(model_dir: str | Path, texts: Sequence[str], labels: Sequence[str]
         path, kept = ob.quantize(src, work / f"{name}.onnx", pc, rr, work, fp32_layers)
         if fp32_layers and not kept:
             return None  # no BERT-style feed-forward nodes to keep: nothing new to try
-        sess = session(path, threads, spin=False)
+        sess = session(path, threads)
         logits = ob.batched_logits(ob.onnx_logits_fn(sess), encoder, texts)
         agreement = float((logits.argmax(1) == got.argmax(1)).mean())
         int8_acc = ob.accuracy(logits, y)
@@ -144,7 +144,7 @@ def build_all(model_dir: str | Path, texts: Sequence[str], labels: Sequence[str]
     fns.clear()  # release the candidates' sessions (and their thread pools) before the report
 
     # The report: the three builds side by side, the shipped int8 build reloaded from disk.
-    int8_fn = ob.onnx_logits_fn(session(int8_dir / MODEL_FILE, threads, spin=False))
+    int8_fn = ob.onnx_logits_fn(session(int8_dir / MODEL_FILE, threads))
     speed = ob.time_side_by_side({"pytorch_eager": torch_fn, "onnx_fp32": fp32_fn, "onnx_int8": int8_fn},
                                  encoder, texts, cfg.latency_samples, cfg.throughput_batches)
     sizes = {"pytorch_eager": ob.size_mb(model_dir / "model.pt"),

@@ -6,7 +6,8 @@
   the graph and the session runs at several batch sizes and sequence lengths.
   For MiniLM the TorchScript exporter (``dynamo=False``) is used on purpose, with its's attention
   switched to the eager implementation: ONNX Runtime's transformer optimizer recognizes
-  that graph (6 Attention, 1 EmbedLayerNormalization, 12 SkipLayerNormalization fusions),
+  that graph (6 Attention and 1 EmbedLayerNormalization fusions; SkipLayerNormalization
+  is left out, slower on CPU, see ``export.runtime.DISABLED_OPTIMIZERS``),
   while the dynamo exporter's graph of the same model got no attention or embedding
   fusion, and its int8 build was 1.2-1.5x slower at batch 32 (measured on this machine,
   docs/BENCHMARKS.md).
@@ -278,6 +279,10 @@ def optimize(src: Path, dst: Path, spec: dict[str, Any], fusion: str) -> Path:
     from onnxruntime.transformers.fusion_options import FusionOptions
 
     opts = FusionOptions("bert")
+    # No SkipLayerNormalization: slower than LayerNormalization + Add on CPU (measured, see
+    # export.runtime.DISABLED_OPTIMIZERS).
+    opts.enable_skip_layer_norm = False
+    opts.enable_bias_skip_layer_norm = False
     if fusion == "no_attention":
         opts.enable_attention = False
     elif fusion != "full":
@@ -382,12 +387,21 @@ def hardware(threads: int) -> dict[str, Any]:
 
 def time_side_by_side(fns: dict[str, Callable[[np.ndarray, np.ndarray], np.ndarray]],
                       encoder: TextEncoder, texts: Sequence[str], latency_samples: int,
-                      throughput_batches: int, batch: int = 32, block: int = 10) -> dict[str, dict[str, float]]:
+                      throughput_batches: int, batch: int = 32, block: int = 10,
+                      pause_s: float = 0.05) -> dict[str, dict[str, float]]:
     """Batch-1 latency and batch-32 throughput of each function, interleaved in blocks:
     ``block`` inputs through one build, the same inputs through the next, and so on, so a
     noisy neighbour slows every build alike. The first call after each switch is not
     timed (thread pools waking, caches). Times the model call only; inputs are tokenized
-    beforehand. ORT sessions timed together must be created with ``spin=False``."""
+    beforehand.
+
+    Each build runs as its runtime's defaults run it: ONNX Runtime's idle worker threads
+    spin for the next call (as PyTorch's OpenMP threads do). A build's threads keep spinning
+    for a moment after its last call, on the cores the next build needs; ``pause_s`` of
+    sleep at every switch lets them park, so no build is timed against another's spinning
+    threads. (Measured on 2 cores: without spinning, ONNX Runtime's batch-1 latency rose
+    from 1.5 to 2.2-2.7 ms for int8 and 3.0 to 4.0 ms for fp32, thread wake-ups per call;
+    spinning without the pause made fp32 at batch 32 take 78 ms instead of 46.)"""
     singles = [encoder([t]) for t in texts[:latency_samples]]
     batches = [encoder(texts[i : i + batch]) for i in range(0, batch * throughput_batches, batch)
                if len(texts[i : i + batch]) == batch]
@@ -403,6 +417,7 @@ def time_side_by_side(fns: dict[str, Callable[[np.ndarray, np.ndarray], np.ndarr
         for i in range(0, len(inputs), size):
             chunk = inputs[i : i + size]
             for k, fn in fns.items():
+                time.sleep(pause_s)
                 fn(*chunk[0])
                 for x in chunk:
                     t0 = time.perf_counter()

@@ -71,13 +71,22 @@ class TextEncoder:
         return ids, mask
 
 
+# Graph rewrites ONNX Runtime would apply at load time that make our models slower.
+# SkipLayerNormFusion folds the residual Add into LayerNormalization; onnxruntime 1.32's CPU
+# SkipLayerNormalization kernel took 1.0 ms a call where LayerNormalization plus Add took
+# 0.25 ms (MiniLM int8, batch 32, 2 cores, ORT profiler), and disabling the fusion took the
+# int8 build from 640 to 800 rows/s at batch 32 (docs/BENCHMARKS.md, issue 6). The
+# export's own transformer fusions leave it out for the same reason.
+DISABLED_OPTIMIZERS = ("SkipLayerNormFusion",)
+
+
 def session(model_path: str | Path, threads: int = 0, spin: bool = True):
     """An ONNX Runtime CPU session with ``threads`` intra-op threads (0: every core).
 
-    ``spin=False`` makes idle worker threads sleep instead of spinning. A server runs one
-    session and wants spinning (lower latency); several sessions timed in one process must
-    not spin, or each steals the cores from the next (measured: fp32 at batch 32 took 78
-    ms instead of 46 ms right after another session's run)."""
+    ``spin=False`` makes idle worker threads sleep instead of spinning: a server whose HTTP
+    loop shares the cores wants that. Spinning (ONNX Runtime's default) gives the lowest
+    latency on cores nothing else needs; sessions timed one after another in one process
+    must then pause between builds (see ``export.onnx_build.time_side_by_side``)."""
     import onnxruntime as ort
 
     so = ort.SessionOptions()
@@ -85,7 +94,8 @@ def session(model_path: str | Path, threads: int = 0, spin: bool = True):
     so.intra_op_num_threads = threads or default_threads()
     so.inter_op_num_threads = 1
     so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-    return ort.InferenceSession(str(model_path), so, providers=["CPUExecutionProvider"])
+    return ort.InferenceSession(str(model_path), so, providers=["CPUExecutionProvider"],
+                                disabled_optimizers=list(DISABLED_OPTIMIZERS))
 
 
 def softmax(logits: np.ndarray) -> np.ndarray:
