@@ -176,6 +176,11 @@ _PHONE_RES = (
 )
 
 
+# Per pattern of _PHONE_RES: the fewest digits a match that _phone_ok accepts has, and a
+# character the text must contain ("" for none).
+_PHONE_NEEDS = ((9, "+"), (10, "("), (10, ""), (10, "0"), (11, "1"))
+
+
 def _phone_ok(s: str) -> bool:
     n = sum(c.isdigit() for c in s)
     return 9 <= n <= 15 if s.startswith("+") else 10 <= n <= 12
@@ -579,11 +584,17 @@ def detect(text: str) -> list[Detection]:
         if n_digits >= 4 and text.count(".") >= 3:
             found += [(*m.span(), "IP_ADDRESS") for m in _IPV4_RE.finditer(text) if _ip_ok(m.group())]
     if n_digits >= 9:
-        found += [(*m.span(), "PRC_ID") for m in _PRC_RE.finditer(text) if ck.prc_id_valid(m.group())]
-        found += [(*m.span(), "CARD") for m in _CARD_RE.finditer(text) if _card_ok(m.group())]
-        found += [(*m.span(), "US_SSN") for m in _SSN_RE.finditer(text) if ck.us_ssn_valid(m.group())]
-        for rx in _PHONE_RES:
-            found += [(s, e, "PHONE") for s, e in _phone_spans(rx, text)]
+        if n_digits >= 17:
+            found += [(*m.span(), "PRC_ID") for m in _PRC_RE.finditer(text) if ck.prc_id_valid(m.group())]
+        if n_digits >= 13:
+            found += [(*m.span(), "CARD") for m in _CARD_RE.finditer(text) if _card_ok(m.group())]
+        if "-" in text:
+            found += [(*m.span(), "US_SSN") for m in _SSN_RE.finditer(text) if ck.us_ssn_valid(m.group())]
+        # Phones: "+CC" numbers have 9 digits or more, national ones 10 (see _phone_ok);
+        # each pattern also needs its leading character.
+        for rx, need in zip(_PHONE_RES, _PHONE_NEEDS, strict=True):
+            if n_digits >= need[0] and (not need[1] or need[1] in text):
+                found += [(s, e, "PHONE") for s, e in _phone_spans(rx, text)]
     if text.count(":") >= 2:
         found += [(*m.span(), "IP_ADDRESS") for m in _IPV6_RE.finditer(text) if _ip_ok(m.group())]
     caseless = _is_caseless(text)
