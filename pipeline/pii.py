@@ -546,17 +546,23 @@ def _may_hold_cased_name(text: str, low: str) -> bool:
     return any(w.lower() not in _NOT_NAMES for w in _CAP_AFTER_SPACE_RE.findall(text))
 
 
-def _cue_possible(text: str, low: str) -> bool:
+def _words(text: str, low: str) -> set[str] | None:
+    """The lower-cased words the gates below look up; None (every gate open) for non-ASCII
+    text."""
+    return set(_LETTER_RUN_RE.findall(low)) if text.isascii() else None
+
+
+def _cue_possible(words: set[str] | None) -> bool:
     """Whether a cue word occurs: a set lookup over the words, not a failing search."""
-    return not text.isascii() or not _CUE_WORDS.isdisjoint(_LETTER_RUN_RE.findall(low))
+    return words is None or not _CUE_WORDS.isdisjoint(words)
 
 
-def _street_gates(text: str, low: str) -> tuple[bool, bool, bool, bool]:
+def _street_gates(low: str, words: set[str] | None) -> tuple[bool, bool, bool, bool]:
     """Which address pattern (en, en_unit, fr, de) can match: each needs its street word
     (a whole word for the English suffixes, a substring for the French and German ones)."""
-    if not text.isascii():
+    if words is None:
         return True, True, True, True
-    en = not _EN_STREET_SET.isdisjoint(_LETTER_RUN_RE.findall(low))
+    en = not _EN_STREET_SET.isdisjoint(words)
     return en, en, _FR_HINT_RE.search(low) is not None, _DE_HINT_RE.search(low) is not None
 
 
@@ -600,8 +606,10 @@ def detect(text: str) -> list[Detection]:
     caseless = _is_caseless(text)
     scan = _lower_same_length(text) if caseless else text
     low = scan if caseless else text.lower()
+    words: set[str] | None | bool = False  # False: not computed yet (at most once)
     if digits or _VOIE_HINT_RE.search(low):
-        street = _street_gates(text, low)
+        words = _words(text, low)
+        street = _street_gates(low, words)
         for rx, ok in zip(_ADDRESS_CASELESS if caseless else _ADDRESS_CASED, street, strict=True):
             if ok:
                 found += [
@@ -610,7 +618,9 @@ def detect(text: str) -> list[Detection]:
                     if not caseless or not _STOP_LOWER.intersection(m.group().split())
                 ]
     if caseless or _may_hold_cased_name(text, low):
-        cued = caseless or _cue_possible(text, low)
+        if not caseless and words is False:
+            words = _words(text, low)
+        cued = caseless or _cue_possible(words)
         found += [(s, e, "PERSON") for s, e in _names(scan, caseless, cued)]
 
     found.sort(key=lambda d: (PRIORITY[d[2]], d[0] - d[1], d[0]))

@@ -183,8 +183,8 @@ def test_gates_never_change_a_detection(sample, monkeypatch: pytest.MonkeyPatch)
     variants = [v for t in list(texts.values())[:3000] for v in (t, t.lower(), t.upper())]
     gated = [pii.detect(v) for v in variants]
     monkeypatch.setattr(pii, "_may_hold_cased_name", lambda text, low: True)
-    monkeypatch.setattr(pii, "_cue_possible", lambda text, low: True)
-    monkeypatch.setattr(pii, "_street_gates", lambda text, low: (True, True, True, True))
+    monkeypatch.setattr(pii, "_cue_possible", lambda words: True)
+    monkeypatch.setattr(pii, "_street_gates", lambda low, words: (True, True, True, True))
     open_ = [pii.detect(v) for v in variants]
     assert sum(map(bool, open_)) > 1000  # the sample does exercise the detectors
     assert [i for i, (a, b) in enumerate(zip(gated, open_, strict=True)) if a != b] == []
