@@ -158,3 +158,28 @@ def test_rerun_after_fixing_the_input_needs_no_cleanup(spark, tmp_path):
     _write_csv(path, CASES[:2])
     res = clean.run(_cfg(tmp_path, path), run_id="r", spark=spark)
     assert res.manifest["stats"]["kept"] == 2
+
+
+def test_jvm_nfkc_matches_python_on_every_code_point(spark):
+    """nfkc_col (ICU4J) agrees with unicodedata on every code point Python's Unicode
+    version assigns, one code point per row (ICU may be newer: unassigned ones are left
+    out). Surrogates cannot be sent alone."""
+    import sys
+    import unicodedata
+
+    from pyspark.sql import functions as F
+
+    chars = [
+        chr(c)
+        for c in range(sys.maxunicode + 1)
+        if not 0xD800 <= c <= 0xDFFF and unicodedata.category(chr(c)) != "Cn"
+    ]
+    df = spark.createDataFrame(pd.DataFrame({"c": chars}))
+    got = df.select("c", clean.nfkc_col(F.col("c")).alias("n")).toPandas()
+    want = got["c"].map(lambda c: unicodedata.normalize("NFKC", c))
+    diff = got[got["n"] != want]
+    assert len(got) == len(chars) > 140_000
+    assert diff.empty, diff.head(10).to_dict("records")
+    assert spark.createDataFrame([(None,)], "c string").select(
+        clean.nfkc_col(F.col("c"))
+    ).first()[0] is None

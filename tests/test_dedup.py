@@ -49,6 +49,7 @@ def test_minhash_shingles_match_reference(k):
     for text, packed in zip(texts, out.column("shingles").to_pylist(), strict=True):
         ref = {int.from_bytes(s, "big") for s in textnorm.shingles(text, k)}
         assert {v & (2**64 - 1) for v in packed} == ref, text  # int64 view of uint64
+        assert len(packed) == len(ref)  # a set: each shingle once ("x" * 40 has one)
     bands = out.column("bands").to_pylist()
     assert all(len(b) == DedupConfig().num_bands for b in bands)
 
@@ -166,6 +167,15 @@ def test_pairs_need_min_band_hits(spark):
     assert got(1) == [(0, 1), (2, 3), (4, 5)]
     assert got(2) == [(2, 3), (4, 5)]
     assert got(3) == [(4, 5)]
+
+
+def test_pairs_whose_set_sizes_rule_out_the_threshold_are_dropped(spark):
+    # J(A, B) <= min(|A|, |B|) / max(|A|, |B|): 8 of 10 shingles can still reach 0.8, 7 cannot.
+    rows = [(0, list(range(10)), [1, 2]), (1, list(range(8)), [1, 2]), (2, list(range(7)), [1, 2])]
+    mh = spark.createDataFrame(rows, "doc long, shingles array<long>, bands array<long>")
+    got = lambda t: sorted(tuple(r) for r in dedup.candidate_pairs(mh, 50, 2, t).collect())  # noqa: E731
+    assert got(0.8) == [(0, 1), (1, 2)]
+    assert got(0.0) == [(0, 1), (0, 2), (1, 2)]
 
 
 def test_signatures_match_direct_minhash_across_slabs():

@@ -38,6 +38,9 @@ if TYPE_CHECKING:
 
 STAGE = "dedup"
 CHUNK = 2048  # shingles hashed per slab in minhash_fn
+# Clusters of two or more up to this many are joined to the survivors by broadcast (about
+# 100 bytes each); more fall back to a shuffle join.
+BROADCAST_CLUSTERS = 2_000_000
 
 
 def dedup_key_col(text: Column) -> Column:
@@ -104,6 +107,29 @@ def minhash_fn(cfg: DedupConfig):
             values[seg[i]] = v
         return values, seg
 
+    def distinct_per_doc(
+        values: np.ndarray, seg: np.ndarray, n_docs: int
+    ) -> tuple[np.ndarray, np.ndarray]:
+        # Each document's shingle set, sorted: the MinHash is the same (min ignores
+        # repeats) with fewer values to hash, and verification needs no array_distinct
+        # and can bound Jaccard by the set sizes (see candidate_pairs).
+        doc = np.repeat(np.arange(n_docs, dtype=np.uint64), np.diff(np.append(seg, len(values))))
+        bits = 8 * k
+        if bits + int(n_docs).bit_length() <= 64:  # k <= 6: one sort of (doc, shingle) keys
+            key = np.sort((doc << np.uint64(bits)) | values)
+            keep = np.ones(len(key), dtype=bool)
+            keep[1:] = key[1:] != key[:-1]
+            key = key[keep]
+            doc, values = key >> np.uint64(bits), key & np.uint64((1 << bits) - 1)
+        else:
+            order = np.lexsort((values, doc))
+            values, doc = values[order], doc[order]
+            keep = np.ones(len(values), dtype=bool)
+            keep[1:] = (values[1:] != values[:-1]) | (doc[1:] != doc[:-1])
+            values, doc = values[keep], doc[keep]
+        counts = np.bincount(doc, minlength=n_docs)  # every doc keeps at least one shingle
+        return values, np.concatenate(([0], np.cumsum(counts)[:-1]))
+
     def signatures(values: np.ndarray, seg: np.ndarray, n_docs: int) -> np.ndarray:
         # Hash all permutations of a slab of ~CHUNK shingles at once into one reused
         # buffer: small enough to stay in cache, and no large temporaries (allocating and
@@ -134,7 +160,7 @@ def minhash_fn(cfg: DedupConfig):
             keys = batch.column(1)
             if len(keys) == 0:
                 continue
-            values, seg = shingle_values(keys)
+            values, seg = distinct_per_doc(*shingle_values(keys), len(keys))
             sig = signatures(values, seg, len(keys))
             bands = (sig.reshape(len(keys), b, r) * band_mul).sum(axis=2, dtype=np.uint64)
             bands ^= band_salt
@@ -155,7 +181,9 @@ def minhash_fn(cfg: DedupConfig):
     return fn
 
 
-def candidate_pairs(mh: DataFrame, max_bucket_pairs: int, min_band_hits: int) -> DataFrame:
+def candidate_pairs(
+    mh: DataFrame, max_bucket_pairs: int, min_band_hits: int, threshold: float = 0.0
+) -> DataFrame:
     """Pairs of docs that share at least ``min_band_hits`` band buckets.
 
     All pairs in small buckets, a star around the smallest doc in large ones (so a message
@@ -163,35 +191,49 @@ def candidate_pairs(mh: DataFrame, max_bucket_pairs: int, min_band_hits: int) ->
     sharpens the LSH S-curve: with 20 bands of 5 rows a pair at J=0.8 still becomes a
     candidate with P=0.996, while one at J=0.5 drops from 0.47 (one hit) to 0.13 and one
     at J=0.3 from 0.047 to 0.001, so far fewer pairs reach the costly exact-Jaccard join.
+
+    A pair whose shingle sets differ too much in size cannot reach ``threshold``
+    (J <= min(|A|, |B|) / max(|A|, |B|)), so it is dropped in the bucket, before the
+    shuffle that counts hits: an exact filter, no pair at or above the threshold is lost.
     """
     from pyspark.sql import functions as F
 
     buckets = (
-        mh.select("doc", F.explode("bands").alias("bkey"))
+        mh.select(
+            F.struct("doc", F.size("shingles").alias("n")).alias("d"),
+            F.explode("bands").alias("bkey"),
+        )
         .groupBy("bkey")
-        .agg(F.collect_list("doc").alias("m"))
+        .agg(F.collect_list("d").alias("m"))
         .where(F.size("m") > 1)
     )
     small = (
         buckets.where(F.size("m") <= max_bucket_pairs)
-        .select(F.explode("m").alias("a"), "m")
-        .select("a", F.explode("m").alias("b"))
+        .select(F.explode("m").alias("x"), "m")
+        .select("x", F.explode("m").alias("y"))
     )
     star = buckets.where(F.size("m") > max_bucket_pairs).select(
-        F.array_min("m").alias("a"), F.explode("m").alias("b")
+        F.array_min("m").alias("x"), F.explode("m").alias("y")
     )
-    hits = small.unionByName(star).where(F.col("a") < F.col("b")).groupBy("a", "b").count()
+    lo, hi = F.least("x.n", "y.n"), F.greatest("x.n", "y.n")
+    hits = (
+        small.unionByName(star)
+        .where((F.col("x.doc") < F.col("y.doc")) & (lo >= F.lit(threshold) * hi - 1e-9))
+        .select(F.col("x.doc").alias("a"), F.col("y.doc").alias("b"))
+        .groupBy("a", "b")
+        .count()
+    )
     return hits.where(F.col("count") >= min_band_hits).select("a", "b")
 
 
 def verified_edges(pairs: DataFrame, mh: DataFrame, threshold: float) -> DataFrame:
     """Exact Jaccard of each candidate pair's shingle sets (native array functions).
 
-    With distinct shingles per doc, |A u B| = |A| + |B| - |A n B|: one set operation
-    per pair instead of two."""
+    The shingle arrays are sets already (``minhash_fn``), so |A u B| = |A| + |B| - |A n B|:
+    one set operation per pair instead of two."""
     from pyspark.sql import functions as F
 
-    sh = mh.select("doc", F.array_distinct("shingles").alias("shingles"))
+    sh = mh.select("doc", "shingles")
     joined = pairs.join(sh.toDF("a", "sa"), "a").join(sh.toDF("b", "sb"), "b")
     inter = F.size(F.array_intersect("sa", "sb"))
     union = F.size("sa") + F.size("sb") - inter
@@ -263,7 +305,7 @@ def dedup_frames(spark: SparkSession, kept: DataFrame, cfg: DedupConfig) -> dict
     )
     mh.count()
     lap("minhash_s")
-    pairs = candidate_pairs(mh, cfg.max_bucket_pairs, cfg.min_band_hits).persist(
+    pairs = candidate_pairs(mh, cfg.max_bucket_pairs, cfg.min_band_hits, cfg.threshold).persist(
         StorageLevel.MEMORY_AND_DISK
     )
     n_pairs = pairs.count()
@@ -278,16 +320,18 @@ def dedup_frames(spark: SparkSession, kept: DataFrame, cfg: DedupConfig) -> dict
     lap("verify_s")
     comp = components(edges)
     comp_df = spark.createDataFrame(list(comp.items()) or [(-1, -1)], "doc long, comp long")
-    # Survivor of a near cluster: the earliest of its exact survivors.
+    # Survivor of a near cluster: the earliest of its exact survivors. Only exact survivors
+    # on a verified edge change survivor, and they are as few as the components the driver
+    # holds: a broadcast map, so the rows are never shuffled to apply it.
     by_comp = Window.partitionBy("comp").orderBy(*order)
-    final = (
-        exact_survivors.join(F.broadcast(comp_df), "doc", "left")
-        .withColumn("comp", F.coalesce("comp", -F.col("doc") - 2))
+    near = (
+        exact_survivors.join(F.broadcast(comp_df), "doc")
         .withColumn("survivor_id", F.first("record_id").over(by_comp))
         .select(F.col("record_id").alias("esurv"), "survivor_id")
     )
     labeled = (
-        rows.join(final, "esurv")
+        rows.join(F.broadcast(near), "esurv", "left")
+        .withColumn("survivor_id", F.coalesce("survivor_id", "esurv"))
         .withColumn(
             "match_type",
             F.when(F.col("record_id") == F.col("survivor_id"), None)
@@ -296,27 +340,46 @@ def dedup_frames(spark: SparkSession, kept: DataFrame, cfg: DedupConfig) -> dict
         )
         .persist(StorageLevel.MEMORY_AND_DISK)
     )
-    clusters = (
-        labeled.groupBy(F.col("survivor_id"))
+    # Cluster statistics from the merged rows only (a survivor adds itself and its label);
+    # most survivors have no copy and need no join.
+    members = (
+        labeled.where(F.col("match_type").isNotNull())
+        .groupBy("survivor_id")
         .agg(
-            F.count("*").alias("cluster_size"),
+            F.count("*").alias("n_merged"),
             F.sum((F.col("match_type") == "exact").cast("int")).alias("n_exact"),
             F.sum((F.col("match_type") == "near").cast("int")).alias("n_near"),
-            F.array_sort(F.collect_set("label")).alias("cluster_labels"),
+            F.collect_set("label").alias("merged_labels"),
         )
-        .withColumn("label_conflict", F.size("cluster_labels") > 1)
+        .persist(StorageLevel.MEMORY_AND_DISK)
     )
+    cached = [rows, exact_survivors, mh, pairs, labeled, members]
+    if members.count() <= BROADCAST_CLUSTERS:
+        members = F.broadcast(members)
     base_cols = list(kept.columns)
+    cluster_labels = F.array_sort(
+        F.array_union(
+            F.array_compact(F.array("label")),
+            F.coalesce("merged_labels", F.array().cast("array<string>")),
+        )
+    )
     survivors = (
         labeled.where(F.col("match_type").isNull())
-        .join(clusters, "survivor_id")
-        .select(*base_cols, "cluster_size", "cluster_labels", "label_conflict")
+        .join(members, "survivor_id", "left")
+        .withColumn("cluster_size", (F.coalesce("n_merged", F.lit(0)) + 1).cast("long"))
+        .withColumn("n_exact", F.coalesce("n_exact", F.lit(0)).cast("long"))
+        .withColumn("n_near", F.coalesce("n_near", F.lit(0)).cast("long"))
+        .withColumn("cluster_labels", cluster_labels)
+        .withColumn("label_conflict", F.size("cluster_labels") > 1)
+    )
+    clusters = survivors.select(
+        "survivor_id", "cluster_size", "n_exact", "n_near", "cluster_labels", "label_conflict"
     )
     merged = labeled.where(F.col("match_type").isNotNull()).select(
         *base_cols, "survivor_id", "match_type"
     )
     return {
-        "kept": survivors,
+        "kept": survivors.select(*base_cols, "cluster_size", "cluster_labels", "label_conflict"),
         "merged": merged,
         "clusters": clusters.where(F.col("cluster_size") > 1),
         "stats": {
@@ -325,7 +388,7 @@ def dedup_frames(spark: SparkSession, kept: DataFrame, cfg: DedupConfig) -> dict
             "near_edges": len(edges),
             "timings": timings,
         },
-        "_persisted": [rows, exact_survivors, mh, pairs, labeled],
+        "_persisted": cached,
     }
 
 
