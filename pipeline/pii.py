@@ -42,9 +42,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+import ahocorasick
+
 from pipeline import checksums as ck
 
 if TYPE_CHECKING:
+    from collections.abc import Callable, Iterable, Iterator
+
     import pandas as pd
 
 __all__ = [
@@ -89,6 +93,27 @@ class Detection:
     value: str
 
 
+def _lower_is_ignorecase(text: str) -> bool:
+    """Whether a case-insensitive regex of ASCII letters matches ``text`` where its lower
+    case holds the same letters, at the same positions: in all text but the four characters
+    re.IGNORECASE matches to an ASCII letter (and "İ" lengthens the lower case)."""
+    return text.isascii() or not any(c in text for c in "\u0130\u0131\u017f\u212a")
+
+
+def _word_start(s: str, i: int) -> bool:
+    """Whether a word can start at ``s[i]``, as after a regex's ``\\b``."""
+    return not i or not (s[i - 1].isalnum() or s[i - 1] == "_")
+
+
+def _automaton(entries: Iterable[tuple[str, object]]) -> ahocorasick.Automaton:
+    """An Aho-Corasick automaton over (word, value) pairs: one pass finds them all."""
+    a = ahocorasick.Automaton()
+    for word, value in entries:
+        a.add_word(word, value)
+    a.make_automaton()
+    return a
+
+
 # --------------------------------------------------------------------------- identifiers
 
 _EMAIL_RE = re.compile(
@@ -117,11 +142,15 @@ _IBAN_SHAPE_RE = re.compile(
 )
 
 
-def _iban_spans(text: str) -> list[tuple[int, int]]:
+def _iban_spans(text: str, zone: tuple[int, int]) -> list[tuple[int, int, str]]:
+    """IBANs, and IBAN-shaped runs ("_BLOCK"), which all start where _IBAN_START_RE does."""
+    starts = list(_matches(_IBAN_START_RE, text, zone))
+    if not starts:
+        return []
+    out = [(*m.span(), "_BLOCK") for m in _matches(_IBAN_SHAPE_RE, text, zone)]
     # An IBAN's length is fixed per country, so read exactly that many characters
     # (single spaces between groups allowed) instead of guessing where it ends.
-    out = []
-    for m in _IBAN_START_RE.finditer(text):
+    for m in starts:
         need = ck.IBAN_LENGTHS.get(m.group()[:2].upper())
         if need is None:
             continue
@@ -137,7 +166,7 @@ def _iban_spans(text: str) -> list[tuple[int, int]]:
             i += 1
         at_end = not (i < len(text) and text[i].isascii() and text[i].isalnum())
         if got == need and at_end and ck.iban_valid(text[m.start() : i]):
-            out.append((m.start(), i))
+            out.append((m.start(), i, "IBAN"))
     return out
 
 
@@ -176,9 +205,54 @@ _PHONE_RES = (
 )
 
 
-# Per pattern of _PHONE_RES: the fewest digits a match that _phone_ok accepts has, and a
-# character the text must contain ("" for none).
-_PHONE_NEEDS = ((9, "+"), (10, "("), (10, ""), (10, "0"), (11, "1"))
+# Per pattern of _PHONE_RES: the fewest digits a match that _phone_ok accepts has ("+CC"
+# numbers 9, national ones 10).
+_PHONE_MIN_DIGITS = (9, 10, 10, 10, 11)
+
+# Per number pattern: a hint, a part of every match that starts at most ``back``
+# characters into it, and whether every match ends at a digit (or at the "X" after one).
+# The patterns start with lookbehinds, so re tries them at every position (3-8 us a
+# message); a hint starts with a literal or a digit class, which re skips ahead to (the
+# IBAN hint, two letters and two digits, is written digit first). Keyed by the pattern's
+# text: hashing a compiled pattern hashes its code (0.1-0.4 us).
+_HINTS = {
+    _IBAN_START_RE.pattern: (re.compile(r"[0-9](?<=[A-Za-z]{2}[0-9])[0-9]"), 2, True),
+    _IBAN_SHAPE_RE.pattern: (re.compile(r"[0-9](?<=[A-Z]{2}[0-9])[0-9]"), 2, False),
+    _PRC_RE.pattern: (re.compile(r"[0-9][0-9]{16}"), 0, True),
+    _CARD_RE.pattern: (re.compile(r"[0-9][0-9]{3}"), 0, True),
+    _SSN_RE.pattern: (re.compile(r"[0-9]-[0-9]{2}-[0-9]"), 2, True),
+    _IPV4_RE.pattern: (re.compile(r"[0-9]\.[0-9]{1,3}\.[0-9]{1,3}\.[0-9]"), 2, True),
+    _IPV6_RE.pattern: (re.compile(r":[0-9A-Fa-f]{0,4}:"), 4, False),
+    **dict(zip((rx.pattern for rx in _PHONE_RES), (
+        (re.compile(r"\+[1-9]"), 0, True),
+        (re.compile(r"\([2-9]"), 0, True),
+        (re.compile(r"[0-9][-.][0-9]{3}[-.][0-9]"), 2, True),
+        (re.compile(r"0[1-9][0-9]{0,4}[ -][0-9]"), 0, True),
+        (re.compile(r"1[3-9][0-9]{9}"), 0, True),
+    ), strict=True)),
+}  # fmt: skip
+
+
+_DIGITS_AS_0 = bytes.maketrans(b"0123456789", b"0" * 10)
+
+
+def _matches(rx: re.Pattern[str], text: str, zone: tuple[int, int]) -> Iterator[re.Match[str]]:
+    """``rx.finditer(text)`` for a number pattern, over the part of ``text`` where it can
+    match. ``zone``: the first digit's position less one (a "+" or "(" before it) and the
+    last digit's plus three (the "X" of a PRC ID, then lookaheads of two characters); a hint
+    is inside the zone, a match starts no earlier than its hint and, if it ends at a digit,
+    ends inside the zone. Without the hint there is no match."""
+    hint, back, ends_at_digit = _HINTS[rx.pattern]
+    lo, hi = zone[0], zone[1] if ends_at_digit else len(text)
+    h = hint.search(text, lo, hi)
+    return rx.finditer(text, max(h.start() - back, 0), hi) if h else iter(())
+
+
+def _valid(
+    rx: re.Pattern[str], entity: str, ok: Callable[[str], bool], text: str, zone: tuple[int, int]
+) -> list[tuple[int, int, str]]:
+    """The matches of a number pattern that ``ok`` accepts, typed ``entity``."""
+    return [(*m.span(), entity) for m in _matches(rx, text, zone) if ok(m.group())]
 
 
 def _phone_ok(s: str) -> bool:
@@ -189,21 +263,22 @@ def _phone_ok(s: str) -> bool:
 _GROUP_END_RE = re.compile(r"[0-9](?![0-9])")
 
 
-def _phone_spans(rx: re.Pattern[str], text: str) -> list[tuple[int, int]]:
+def _phone_spans(text: str, zone: tuple[int, int], n_digits: int) -> list[tuple[int, int, str]]:
     # A match that runs into a following number ("+49 30 7683485 and 2 more") has too many
     # digits; the longest prefix ending at a digit group that is a phone is kept.
     out = []
-    for m in rx.finditer(text):
-        v = m.group()
-        if _phone_ok(v):
-            out.append(m.span())
-            continue
-        if not v.startswith("+"):  # a long national-looking run is some other number
-            continue
-        for g in reversed(list(_GROUP_END_RE.finditer(v))[:-1]):
-            if _phone_ok(v[: g.end()]):
-                out.append((m.start(), m.start() + g.end()))
-                break
+    for rx, need in zip(_PHONE_RES, _PHONE_MIN_DIGITS, strict=True):
+        for m in _matches(rx, text, zone) if n_digits >= need else ():
+            v = m.group()
+            if _phone_ok(v):
+                out.append((*m.span(), "PHONE"))
+                continue
+            if not v.startswith("+"):  # a long national-looking run is some other number
+                continue
+            for g in reversed(list(_GROUP_END_RE.finditer(v))[:-1]):
+                if _phone_ok(v[: g.end()]):
+                    out.append((m.start(), m.start() + g.end(), "PHONE"))
+                    break
     return out
 
 
@@ -275,7 +350,6 @@ _ADDRESS_CASELESS = _address_res(_WORD, caseless=True)
 # --------------------------------------------------------------------------- names
 
 _TITLES = r"(?:Mr|Mrs|Ms|Miss|Mx|Dr|Prof|Sir|Madam|Mme|Mlle|Herr|Frau|Sr|Sra)\.?"
-_TITLES = r"(?:Mr|Mrs|Ms|Miss|Mx|Dr|Prof|Sir|Madam|Mme|Mlle|Herr|Frau|Sr|Sra)\.?"
 # Phrases after which a name follows. Strong cues all but guarantee one ("my name is ___",
 # "regards, ___"); weak ones often precede other words ("this is urgent", "I'm stuck"),
 # so in text without case their name needs support from the lexicon.
@@ -297,6 +371,10 @@ _STRONG_CUES = (
     r"yours[,:;]*",
     r"signed[,:;]*",
 )
+_RELATIVES = (
+    "husband", "wife", "partner", "son", "daughter", "mother", "father", "mum", "mom", "dad",
+    "brother", "sister", "friend", "colleague", "boss", "landlord", "flatmate", "roommate",
+)  # fmt: skip
 _WEAK_CUES = (
     r"(?:this|that) (?:is|was)",
     r"i'm",
@@ -305,9 +383,18 @@ _WEAK_CUES = (
     r"sent to",
     r"send it to",
     r"transfer(?:red)? to",
-    r"my (?:husband|wife|partner|son|daughter|mother|father|mum|mom|dad|brother|sister|friend|"
-    r"colleague|boss|landlord|flatmate|roommate),?",
+    r"my (?:" + "|".join(_RELATIVES) + "),?",
 )
+# The literal text each cue and title starts with (lower case): a cued name pattern can
+# match only where one of them starts, or before "here" / "speaking" (see _cue_starts).
+_CUE_PREFIXES = (
+    "my name", "name:", "on behalf of", "hi", "hello", "hey", "account holder", "card holder",
+    "cardholder", "kind regards", "best regards", "warm regards", "regards", "thank",
+    "many thanks", "cheers", "sincerely", "yours", "signed", "this is", "this was", "that is",
+    "that was", "i'm", "i am", "dear", "sent to", "send it to", "transfer",
+    *(f"my {r}" for r in _RELATIVES),
+    "mr", "ms", "miss", "mx", "dr", "prof", "sir", "madam", "mme", "mlle", "herr", "frau", "sr",
+)  # fmt: skip
 
 
 def _cue(cues: tuple[str, ...]) -> str:
@@ -381,6 +468,8 @@ def _lexicon() -> tuple[frozenset[str], frozenset[str]]:
 
 
 def _fold(tok: str) -> str:
+    if tok.isascii():  # what the line below returns for it
+        return tok.lower()
     return unicodedata.normalize("NFKD", tok).encode("ascii", "ignore").decode().lower()
 
 
@@ -397,6 +486,71 @@ _CUED_CASELESS_RE = re.compile(
 )
 _RUN_RE = re.compile(rf"(?<![\w'’-]){_NAME_TOK}(?:\s+{_NAME_TOK})+(?![\w'’-])")
 _TOK_RE = re.compile(r"\S+")
+# The last capital of a word followed by a capitalized word (the lookahead finds pairs
+# that overlap), found by trying the capitals only: the first token of a _RUN_RE match
+# ends in one.
+_PAIR_RE = re.compile(rf"[{_UP}](?=[{_LO}'’]+\s+[{_UP}])")
+_NAME_CHAR_RE = re.compile(rf"[{_UP}{_LO}'’-]")  # the characters of _NAME_TOK
+_CUE_AUTOMATON = _automaton(
+    [(w, (len(w), False)) for w in _CUE_PREFIXES]
+    + [(w, (len(w), True)) for w in ("here", "speaking")]
+)
+
+
+# Where a name before "here" / "speaking" can start: at a capital in cased text; at the
+# start or after a punctuation mark and a space in text without case.
+_CAP_RE = re.compile(f"[{_UP}]")
+_PUNCT_SPACE_RE = re.compile(r"[,.!?:;]\s")
+
+
+def _cue_starts(scan: str, low: str, caseless: bool) -> list[int] | None:
+    """Every position where the cued name pattern can match in ``scan``, in order: starts of
+    cue prefixes and titles at a word boundary (one Aho-Corasick pass over ``low``; the
+    regex tries its case-insensitive cues at every position), and, if "here" or "speaking"
+    follows a space, the starts a name before it can have. None (search everywhere) where
+    lower-casing and the regex disagree (see _lower_is_ignorecase)."""
+    if not _lower_is_ignorecase(scan):
+        return None
+    starts = set()
+    before = False
+    for end, (n, after) in _CUE_AUTOMATON.iter(low):
+        p = end - n + 1
+        if after:
+            before = before or (p > 0 and scan[p - 1].isspace())
+        elif _word_start(scan, p):
+            starts.add(p)
+    if before and caseless:
+        starts.add(0)
+        starts.update(m.end() for m in _PUNCT_SPACE_RE.finditer(scan))
+    elif before:
+        starts.update(m.start() for m in _CAP_RE.finditer(scan) if _word_start(scan, m.start()))
+    return sorted(starts)
+
+
+def _run_starts(text: str) -> list[int]:
+    """Every position where _RUN_RE can match, in order: where the name characters end
+    that lead to a pair's capital (a token's start, as _RUN_RE's lookbehind wants)."""
+    starts: list[int] = []
+    for m in _PAIR_RE.finditer(text):
+        i = m.start()
+        while i and _NAME_CHAR_RE.match(text, i - 1):
+            i -= 1
+        if not starts or i > starts[-1]:  # a later pair's start is never earlier
+            starts.append(i)
+    return starts
+
+
+def _search_from(
+    rx: re.Pattern[str], text: str, pos: int, starts: Iterable[int] | None
+) -> re.Match[str] | None:
+    """``rx.search(text, pos)``; given ``starts``, every position where ``rx`` can match (in
+    order), by trying it there only."""
+    if starts is None:
+        return rx.search(text, pos)
+    for p in starts:
+        if p >= pos and (m := rx.match(text, p)):
+            return m
+    return None
 
 
 def _trim_cased(s: str, start: int) -> tuple[int, int] | None:
@@ -436,22 +590,33 @@ def _trim_caseless(s: str, start: int, mode: str) -> tuple[int, int] | None:
     return start + toks[0][0], start + toks[-1][1]
 
 
-def _search_all(rx: re.Pattern[str], text: str):
+def _finditer_from(
+    rx: re.Pattern[str], text: str, starts: Iterable[int] | None
+) -> Iterator[re.Match[str]]:
+    """``rx.finditer(text)``; ``starts``: see _search_from."""
+    m = _search_from(rx, text, 0, starts)
+    while m is not None:
+        yield m
+        m = _search_from(rx, text, m.end(), starts)
+
+
+def _search_all(rx: re.Pattern[str], text: str, starts: list[int] | None):
     """Like ``finditer``, but the next search starts where this match's name starts, not
     where it ends: "I'm writing on behalf of Ann Lee" first matches the weak cue "I'm"
-    (rejected: "writing" is no name) and must still find "on behalf of"."""
-    pos = 0
-    while (m := rx.search(text, pos)) is not None:
+    (rejected: "writing" is no name) and must still find "on behalf of". ``starts``: see
+    _search_from and _cue_starts."""
+    m = _search_from(rx, text, 0, starts)
+    while m is not None:
         yield m
         name = next(g for g in ("a", "b", "c") if m.group(g) is not None)
-        pos = max(m.start() + 1, m.start(name))
+        m = _search_from(rx, text, max(m.start() + 1, m.start(name)), starts)
 
 
-def _names(text: str, caseless: bool, cued: bool = True) -> list[tuple[int, int]]:
-    """Name spans; ``cued=False`` (no cue word in the text) skips the cue patterns."""
+def _names(text: str, caseless: bool, starts: list[int] | None) -> list[tuple[int, int]]:
+    """Name spans; ``starts``: where the cue patterns can match (see _cue_starts)."""
     out = []
     if caseless:
-        for m in _search_all(_CUED_CASELESS_RE, text):
+        for m in _search_all(_CUED_CASELESS_RE, text, starts):
             if m.group("a"):
                 span = _trim_caseless(
                     m.group("a"), m.start("a"), "strong" if m.group("s") else "weak"
@@ -465,7 +630,7 @@ def _names(text: str, caseless: bool, cued: bool = True) -> list[tuple[int, int]
             if span:
                 out.append(span)
         return out
-    for m in _search_all(_CUED_CASED_RE, text) if cued else ():
+    for m in _search_all(_CUED_CASED_RE, text, starts):
         g = "a" if m.group("a") else ("b" if m.group("b") else "c")
         if g == "c":
             out.append(m.span("c"))
@@ -477,7 +642,7 @@ def _names(text: str, caseless: bool, cued: bool = True) -> list[tuple[int, int]
             out.append(span)
     given, family = _lexicon()
     # Cue-less: in each run of capitalized words, "Given Family" or "Given Middle Family".
-    for m in _RUN_RE.finditer(text):
+    for m in _finditer_from(_RUN_RE, text, _run_starts(text)):
         toks = [
             (t.start() + m.start(), t.end() + m.start(), t.group())
             for t in _TOK_RE.finditer(m.group())
@@ -514,60 +679,71 @@ def _is_caseless(text: str) -> bool:
 # Searched in the lower-cased text: Python's re tries a case-insensitive alternation at
 # every position (5 us a message); a case-sensitive one is found by a literal-prefix scan.
 _VOIE_HINT_RE = re.compile(r"(?:rue|avenue|boulevard|chemin|all[ée]e|impasse|quai)\s")
-_FR_HINT_RE = re.compile("|".join(re.escape(v) for v in _FR_VOIE))
-_DE_HINT_RE = re.compile("|".join(re.escape(d) for d in _DE_SUFFIX))
+_DE_AUTOMATON = _automaton((d, None) for d in _DE_SUFFIX)
 _EN_STREET_SET = frozenset(_EN_STREET)
 _LETTER_RUN_RE = re.compile(r"[^\W\d_]+")
+_UNIT_SET = frozenset(("flat", "apt", "apartment", "suite", "unit", "studio"))  # en_unit's
+# A house or unit number before a space ("12b ", "12, ", "12bis "): in every match of the
+# English patterns and of the French one but its bare form ("rue de ...").
+_HOUSE_NUMBER_RE = re.compile(r"[0-9](?:[a-z]|bis|ter)?,?\s")
+# The first run of letters of each French voie type ("av." -> "av", "rond-point" -> "rond").
+_FR_VOIE_SET = frozenset(re.match(r"[^\W\d_]+", v).group() for v in _FR_VOIE)
+# Every byte but the ASCII letters -> a space: letter runs by one table pass and a split.
+_LETTERS_ONLY = bytes(b if b < 128 and chr(b).isalpha() else 32 for b in range(256))
 # A capitalized word after whitespace: every name the cased name patterns can return
 # contains one that is not in _NOT_NAMES (after a cue or a title, or the second word of a
 # "Given Family" pair), or stands before "here" / "speaking".
 _CAP_AFTER_SPACE_RE = re.compile(r"\s([A-ZÀ-ÖØ-Þ][\w'’-]*)")
-# One word (lower case, a whole run of letters) of every cue, title and after-cue: a
-# message with none of them cannot match _CUED_CASED_RE.
-_CUE_WORDS = frozenset(
-    """
-name behalf this that holder cardholder regards thanks thank cheers sincerely yours signed
-m am dear sent send transfer transferred husband wife partner son daughter mother father
-mum mom dad brother sister friend colleague boss landlord flatmate roommate
-mr mrs ms miss mx dr prof sir madam mme mlle herr frau sr sra here speaking
-""".split()
-)
 
 # The gates below only skip work: each returns False only when its patterns cannot match
-# (tests/test_pii.py checks detections with every gate open). They are exact for ASCII
-# text, where lower-casing and re.IGNORECASE agree; other text runs every pattern.
+# (tests/test_pii.py checks detections with every gate open). _street_starts, like
+# _cue_starts, reads the lower case, so it stays open where that does not match like
+# re.IGNORECASE.
 
 
 def _may_hold_cased_name(text: str, low: str) -> bool:
-    """Whether the cased name patterns can find a name: a 2 us test in front of the cue
-    search (20 us), which most messages fail."""
+    """Whether the cased name patterns can find a name: a 1.5 us test in front of the name
+    search, which most messages fail."""
     if "here" in low or "speaking" in low:
         return True
-    return any(w.lower() not in _NOT_NAMES for w in _CAP_AFTER_SPACE_RE.findall(text))
+    return not _NOT_NAMES.issuperset(map(str.lower, _CAP_AFTER_SPACE_RE.findall(text)))
 
 
-def _words(text: str, low: str) -> set[str] | None:
-    """The lower-cased words the gates below look up; None (every gate open) for non-ASCII
-    text."""
-    return set(_LETTER_RUN_RE.findall(low)) if text.isascii() else None
+def _words(text: str, low: str) -> list[str]:
+    """The lower-cased words (runs of letters) the gates below look up."""
+    if text.isascii():
+        return low.encode().translate(_LETTERS_ONLY).decode().split()
+    return _LETTER_RUN_RE.findall(low)
 
 
-def _cue_possible(words: set[str] | None) -> bool:
-    """Whether a cue word occurs: a set lookup over the words, not a failing search."""
-    return words is None or not _CUE_WORDS.isdisjoint(words)
-
-
-def _street_gates(low: str, words: set[str] | None) -> tuple[bool, bool, bool, bool]:
-    """Which address pattern (en, en_unit, fr, de) can match: each needs its street word
-    (a whole word for the English suffixes, a substring for the French and German ones)."""
-    if words is None:
-        return True, True, True, True
+def _street_starts(text: str, low: str, caseless: bool) -> tuple[int | None, ...]:
+    """Where each address pattern (en, en_unit, fr, de) can first match; None: nowhere.
+    Each needs its street word, a whole word for the English and French ones (spaces or a
+    word's end around it) and for German a word ending before a house number ("hauptstr.
+    5"); en_unit also a unit word; all but the bare French form a house number."""
+    if not _lower_is_ignorecase(text):
+        return 0, 0, 0, 0
+    # German: a suffix, spaces, a digit (a regex would try its suffixes at most positions;
+    # the automaton finds them in one pass).
+    de = any(low[end + 1 :].lstrip()[:1].isdigit() for end, _ in _DE_AUTOMATON.iter(low))
+    house = _HOUSE_NUMBER_RE.search(low)
+    if house is None:
+        fr = not caseless and _VOIE_HINT_RE.search(low) is not None
+        return None, None, 0 if fr else None, 0 if de else None
+    words = _words(text, low)
     en = not _EN_STREET_SET.isdisjoint(words)
-    return en, en, _FR_HINT_RE.search(low) is not None, _DE_HINT_RE.search(low) is not None
+    en_unit = en and not _UNIT_SET.isdisjoint(words)
+    # An English match starts at its first number (at most 5 digits before the house hint
+    # of its last one) or at a unit word before it: 9 letters at most, and spaces.
+    first = max(len(low[: max(house.start() - 5, 0)].rstrip()) - 9, 0)
+    fr = not _FR_VOIE_SET.isdisjoint(words)
+    return first if en else None, first if en_unit else None, 0 if fr else None, 0 if de else None
 
 
 def _lower_same_length(text: str) -> str:
     # str.lower() can lengthen text ("İ" -> "i̇"); offsets must survive, so lower per char.
+    if text.isascii():
+        return text.lower()
     return "".join(c if len(lc := c.lower()) != 1 else lc for c in text)
 
 
@@ -581,48 +757,49 @@ def detect(text: str) -> list[Detection]:
     if "@" in text:
         found += [(*m.span(), "EMAIL") for m in _EMAIL_RE.finditer(text)]
     # ASCII digits only: every number pattern below reads [0-9] (NFKC made full-width
-    # digits ASCII). Card, PRC ID, SSN and phone numbers all have 9 digits or more.
-    n_digits = sum(map(text.count, "0123456789"))
+    # digits ASCII). Card, PRC ID, SSN and phone numbers all have 9 digits or more. Counted
+    # in UTF-8 (whose multi-byte characters hold no ASCII byte) with each digit written as
+    # "0" by one table pass; in ASCII text, byte and character positions agree.
+    marked = text.encode("utf-8", "surrogatepass").translate(_DIGITS_AS_0)
+    n_digits = marked.count(b"0")
     digits = n_digits > 0
     if digits:
-        found += [(s, e, "IBAN") for s, e in _iban_spans(text)]
-        found += [(*m.span(), "_BLOCK") for m in _IBAN_SHAPE_RE.finditer(text)]
+        ascii_ = len(marked) == len(text)  # the digits' zone: see _matches
+        zone = (marked.find(b"0") - 1, marked.rfind(b"0") + 3) if ascii_ else (0, len(text))
+        found += _iban_spans(text, zone)
         if n_digits >= 4 and text.count(".") >= 3:
-            found += [(*m.span(), "IP_ADDRESS") for m in _IPV4_RE.finditer(text) if _ip_ok(m.group())]
-    if n_digits >= 9:
+            found += _valid(_IPV4_RE, "IP_ADDRESS", _ip_ok, text, zone)
         if n_digits >= 17:
-            found += [(*m.span(), "PRC_ID") for m in _PRC_RE.finditer(text) if ck.prc_id_valid(m.group())]
+            found += _valid(_PRC_RE, "PRC_ID", ck.prc_id_valid, text, zone)
         if n_digits >= 13:
-            found += [(*m.span(), "CARD") for m in _CARD_RE.finditer(text) if _card_ok(m.group())]
-        if "-" in text:
-            found += [(*m.span(), "US_SSN") for m in _SSN_RE.finditer(text) if ck.us_ssn_valid(m.group())]
-        # Phones: "+CC" numbers have 9 digits or more, national ones 10 (see _phone_ok);
-        # each pattern also needs its leading character.
-        for rx, need in zip(_PHONE_RES, _PHONE_NEEDS, strict=True):
-            if n_digits >= need[0] and (not need[1] or need[1] in text):
-                found += [(s, e, "PHONE") for s, e in _phone_spans(rx, text)]
-    if text.count(":") >= 2:
-        found += [(*m.span(), "IP_ADDRESS") for m in _IPV6_RE.finditer(text) if _ip_ok(m.group())]
+            found += _valid(_CARD_RE, "CARD", _card_ok, text, zone)
+        if n_digits >= 9:
+            found += _valid(_SSN_RE, "US_SSN", ck.us_ssn_valid, text, zone)
+            found += _phone_spans(text, zone, n_digits)
+    if text.count(":") >= 2:  # IPv6 needs no digit
+        found += _valid(_IPV6_RE, "IP_ADDRESS", _ip_ok, text, (0, len(text)))
     caseless = _is_caseless(text)
     scan = _lower_same_length(text) if caseless else text
     low = scan if caseless else text.lower()
-    words: set[str] | None | bool = False  # False: not computed yet (at most once)
+    # Without a digit only the French pattern can match, with a voie type ("rue de ...").
     if digits or _VOIE_HINT_RE.search(low):
-        words = _words(text, low)
-        street = _street_gates(low, words)
-        for rx, ok in zip(_ADDRESS_CASELESS if caseless else _ADDRESS_CASED, street, strict=True):
-            if ok:
+        street = _street_starts(text, low, caseless)
+        for rx, start in zip(
+            _ADDRESS_CASELESS if caseless else _ADDRESS_CASED, street, strict=True
+        ):
+            if start is not None:
                 found += [
                     (*m.span(), "ADDRESS")
-                    for m in rx.finditer(scan)
+                    for m in rx.finditer(scan, start)
                     if not caseless or not _STOP_LOWER.intersection(m.group().split())
                 ]
     if caseless or _may_hold_cased_name(text, low):
-        if not caseless and words is False:
-            words = _words(text, low)
-        cued = caseless or _cue_possible(words)
-        found += [(s, e, "PERSON") for s, e in _names(scan, caseless, cued)]
+        found += [
+            (s, e, "PERSON") for s, e in _names(scan, caseless, _cue_starts(scan, low, caseless))
+        ]
 
+    if not found:
+        return []
     found.sort(key=lambda d: (PRIORITY[d[2]], d[0] - d[1], d[0]))
     taken: list[tuple[int, int]] = []
     out = []
@@ -631,8 +808,9 @@ def detect(text: str) -> list[Detection]:
             continue
         taken.append((s, e))
         if ent != "_BLOCK":
-            out.append(Detection(s, e, ent, text[s:e]))
-    return sorted(out)
+            out.append((s, e, ent))
+    # Sorted as tuples: the spans do not overlap, so this is the order of the Detections.
+    return [Detection(s, e, ent, text[s:e]) for s, e, ent in sorted(out)]
 
 
 # --------------------------------------------------------------------------- masking

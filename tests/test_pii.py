@@ -175,19 +175,70 @@ def test_prefilter_is_a_superset_of_rows_with_detections(sample) -> None:
     assert share < 0.6
 
 
+# Texts for the gates and anchored searches: every cue, title and after-name word, names
+# before "here" in text with and without case, numbers and addresses at either end, and the
+# characters re.IGNORECASE matches to an ASCII letter (where the new gates stay open).
+_CUES = [
+    "my name is", "my name was", "my name's", "name:", "on behalf of", "hi, this is",
+    "hello that was", "hey this is", "account holder:", "account holder is", "cardholder",
+    "card holder:", "kind regards,", "best regards", "warm regards:", "regards;", "thanks,",
+    "thank you", "many thanks", "cheers", "sincerely,", "yours", "signed", "this is",
+    "that was", "I'm", "i am", "dear", "sent to", "send it to", "transfer to",
+    "transferred to", "my husband", "my sister,", "Mr.", "Mrs", "Dr.", "Prof.", "Herr", "Sra.",
+]  # fmt: skip
+_CRAFTED = [
+    *(f"{cue} Anna van der Berg" for cue in _CUES),
+    *(f"Ok. {cue} Dr. Iain O'Neill-Smith here, at 12 rue de la Paix." for cue in _CUES),
+    *(f"(Sent 3 times.) {cue}: McDonald D'Souza, Jr. speaking" for cue in _CUES),
+    "Kyra Vertoor speaking. Card 4111 1111 1111 1111", "(Mr. Lee) called",
+    "Yesterday Mary Johnson and John Smith paid.", "Paid by DeShawn Smith, McKenzie Lee.",
+    "why? Severin Kaul here", "Anna  here", "Apartment 5 Janet Meadows",
+    "Apartment  5, 17066 Heather Grove Apt. 915 please", "Flat 17 Janet Meadows",
+    "Suite 4 Main Street 12", "I live at 221B Baker Street, London", "12bis, rue Lepic",
+    "Hauptstr. 5 and Hans-Meier-Straße 47-26", "rue de la Paix", "avenue Foch 3",
+    "IBAN DE89 3704 0044 0532 0130 00 or NL92 NSCM 0401 2071 03, +44 20 7946 0958",
+    "1 2 3 4 5 6 7 8 9 0 (212) 555-0199 212.555.0199 13812345678 07700 900461 ok",
+    "ssn 123-45-6789, id 11010519491231002X, ip 10.0.0.1 and 2001:db8::1",
+    "Thanks, Anna Berg \u017f", "my name is Ann\u0131 Lee", "\u0130mpasse Lepic",
+    "Anna Berg \u017fpeaking", "12 \u212aing Street", "Ren\u00e9e M\u00fcller here, 12 Rue Lepic",
+]  # fmt: skip
+
+
 def test_gates_never_change_a_detection(sample, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The cheap gates in front of the name and address patterns only skip work: with
-    every gate open, every builder message (as written, lower- and upper-cased) gets the
-    same detections."""
+    """The cheap gates in front of the patterns only skip work, and the anchored searches
+    (cue and run starts, number hints and zones) find what a search finds: with every gate
+    open, every builder message and crafted text (as written, lower- and upper-cased) gets
+    the same detections."""
     _, texts = sample
-    variants = [v for t in list(texts.values())[:3000] for v in (t, t.lower(), t.upper())]
+    base = list(texts.values())[:3000] + _CRAFTED
+    variants = [v for t in base for v in (t, t.lower(), t.upper())]
     gated = [pii.detect(v) for v in variants]
+    assert sum(not pii.detect(t) for t in _CRAFTED) <= 2  # the crafted texts hold PII
     monkeypatch.setattr(pii, "_may_hold_cased_name", lambda text, low: True)
-    monkeypatch.setattr(pii, "_cue_possible", lambda words: True)
-    monkeypatch.setattr(pii, "_street_gates", lambda low, words: (True, True, True, True))
+    monkeypatch.setattr(pii, "_cue_starts", lambda scan, low, caseless: None)
+    monkeypatch.setattr(pii, "_run_starts", lambda text: None)
+    monkeypatch.setattr(pii, "_street_starts", lambda text, low, caseless: (0, 0, 0, 0))
+    monkeypatch.setattr(pii, "_matches", lambda rx, text, zone: rx.finditer(text))
     open_ = [pii.detect(v) for v in variants]
     assert sum(map(bool, open_)) > 1000  # the sample does exercise the detectors
     assert [i for i, (a, b) in enumerate(zip(gated, open_, strict=True)) if a != b] == []
+
+
+def test_iban_shapes_start_where_ibans_do(sample) -> None:
+    # _iban_spans looks for IBAN-shaped runs only where an IBAN can start.
+    _, texts = sample
+    for t in [*texts.values(), *_CRAFTED]:
+        starts = {m.start() for m in pii._IBAN_START_RE.finditer(t)}
+        assert {m.start() for m in pii._IBAN_SHAPE_RE.finditer(t)} <= starts, t
+
+
+def test_lower_case_and_ignorecase_disagree_on_four_characters_only() -> None:
+    # The gates compare lower-cased text with case-insensitive patterns of ASCII letters.
+    ascii_letter = re.compile("(?i)[a-z]")
+    odd = [c for c in map(chr, range(0x80, 0x110000)) if ascii_letter.match(c)]
+    assert odd == ["\u0130", "\u0131", "\u017f", "\u212a"]
+    assert not any(pii._lower_is_ignorecase(f"ab{c}") for c in odd)
+    assert [c for c in map(chr, range(0x110000)) if len(c.lower()) != 1] == ["\u0130"]
 
 
 def test_no_detections_in_the_original_banking77_messages() -> None:
