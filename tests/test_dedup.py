@@ -211,3 +211,24 @@ def test_verified_jaccard_with_repeated_shingles(spark):
     pairs = spark.createDataFrame([(0, 1)], "a long, b long")
     (row,) = dedup.verified_edges(pairs, mh, 0.0).collect()
     assert np.isclose(row.jaccard, textnorm.jaccard(*texts))
+
+
+def test_exact_survivor_is_the_earliest_dated_row(spark):
+    """Among exact copies the survivor is the earliest ``created_at``; an undated row
+    comes last whatever its id, and equal times fall back to the smallest id."""
+    schema = ("record_id string, text string, label string, "
+              "annotations array<struct<annotator:string,label:string>>, created_at timestamp, "
+              "channel string, source_file string")
+    rows = _kept([("x0", "Where is my card?", "card_arrival", 9),
+                  ("x2", "where is my card", "card_arrival", 4),
+                  ("x1", "WHERE IS MY CARD", "card_arrival", 4),
+                  ("y1", "How do I top up?", "top_up", 1)])
+    rows.loc[0, "created_at"] = None
+    res = dedup.dedup_frames(spark, spark.createDataFrame(rows, schema), DedupConfig())
+    merged = res["merged"].toPandas().set_index("record_id")
+    kept = sorted(res["kept"].toPandas()["record_id"])
+    for df in res["_persisted"]:
+        df.unpersist()
+    assert kept == ["x1", "y1"]
+    assert merged["survivor_id"].to_dict() == {"x0": "x1", "x2": "x1"}
+    assert set(merged["match_type"]) == {"exact"}

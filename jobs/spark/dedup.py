@@ -38,9 +38,9 @@ if TYPE_CHECKING:
 
 STAGE = "dedup"
 CHUNK = 2048  # shingles hashed per slab in minhash_fn
-# Clusters of two or more up to this many are joined to the survivors by broadcast (about
-# 100 bytes each); more fall back to a shuffle join.
-BROADCAST_CLUSTERS = 2_000_000
+# A persisted side table (repeated keys, clusters) of up to this many rows is joined by
+# broadcast (about 100 bytes a row); a larger one falls back to a shuffle join.
+BROADCAST_ROWS = 2_000_000
 
 
 def dedup_key_col(text: Column) -> Column:
@@ -265,6 +265,13 @@ def components(edges: list[tuple[int, int]]) -> dict[int, int]:
     return dict(zip(nodes.tolist(), smallest[labels].tolist(), strict=True))
 
 
+def _small(table: DataFrame) -> DataFrame:
+    """``table`` (persisted) with a broadcast hint when it has at most BROADCAST_ROWS rows."""
+    from pyspark.sql import functions as F
+
+    return F.broadcast(table) if table.count() <= BROADCAST_ROWS else table
+
+
 def dedup_frames(spark: SparkSession, kept: DataFrame, cfg: DedupConfig) -> dict[str, Any]:
     """Run both passes over the clean stage's kept rows.
 
@@ -284,11 +291,25 @@ def dedup_frames(spark: SparkSession, kept: DataFrame, cfg: DedupConfig) -> dict
         clock = now
 
     order = [F.col("created_at").asc_nulls_last(), F.col("record_id")]
-    by_key = Window.partitionBy("key").orderBy(*order)
-    rows = (
-        kept.withColumn("key", dedup_key_col(F.col("text")))
-        .withColumn("esurv", F.first("record_id").over(by_key))
+    keyed = kept.withColumn("key", dedup_key_col(F.col("text"))).persist(
+        StorageLevel.MEMORY_AND_DISK
+    )
+    # Exact duplicates: the keys held by more than one row, each with its earliest row (the
+    # struct orders like ``order``). Only keys and sort fields are shuffled, and the repeated
+    # keys, usually few, are joined back by broadcast: no row is shuffled with its text.
+    earliest = F.min(F.struct(F.col("created_at").isNull(), "created_at", "record_id"))
+    repeated = (
+        keyed.groupBy("key")
+        .agg(F.count("*").alias("n"), earliest.alias("first"))
+        .where(F.col("n") > 1)
+        .select("key", F.col("first.record_id").alias("first_id"))
         .persist(StorageLevel.MEMORY_AND_DISK)
+    )
+    cached = [keyed, repeated]
+    rows = (
+        keyed.join(_small(repeated), "key", "left")
+        .withColumn("esurv", F.coalesce("first_id", "record_id"))
+        .drop("first_id")
     )
     exact_survivors = (
         rows.where(F.col("record_id") == F.col("esurv"))
@@ -353,9 +374,8 @@ def dedup_frames(spark: SparkSession, kept: DataFrame, cfg: DedupConfig) -> dict
         )
         .persist(StorageLevel.MEMORY_AND_DISK)
     )
-    cached = [rows, exact_survivors, mh, pairs, labeled, members]
-    if members.count() <= BROADCAST_CLUSTERS:
-        members = F.broadcast(members)
+    cached += [exact_survivors, mh, pairs, labeled, members]
+    members = _small(members)
     base_cols = list(kept.columns)
     cluster_labels = F.array_sort(
         F.array_union(
