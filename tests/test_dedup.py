@@ -232,3 +232,21 @@ def test_exact_survivor_is_the_earliest_dated_row(spark):
     assert kept == ["x1", "y1"]
     assert merged["survivor_id"].to_dict() == {"x0": "x1", "x2": "x1"}
     assert set(merged["match_type"]) == {"exact"}
+
+
+def test_side_tables_too_large_to_broadcast_give_the_same_result(spark, result, monkeypatch):
+    """Above common.BROADCAST_ROWS the repeated keys and clusters are shuffle-joined."""
+    from jobs.spark import common
+
+    monkeypatch.setattr(common, "BROADCAST_ROWS", 0)
+    schema = ("record_id string, text string, label string, "
+              "annotations array<struct<annotator:string,label:string>>, created_at timestamp, "
+              "channel string, source_file string")
+    res = dedup.dedup_frames(spark, spark.createDataFrame(_kept(ROWS), schema), DedupConfig())
+    got = {name: res[name].toPandas() for name in ("kept", "merged", "clusters")}
+    for df in res["_persisted"]:
+        df.unpersist()
+    for name, df in got.items():
+        key = "survivor_id" if name == "clusters" else "record_id"
+        want = result[name].sort_values(key).reset_index(drop=True)
+        pd.testing.assert_frame_equal(df.sort_values(key).reset_index(drop=True), want)

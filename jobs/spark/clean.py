@@ -27,9 +27,6 @@ if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame, SparkSession
 
 STAGE = "clean"
-# Ids used by more than one record, up to this many, are joined back by broadcast (about
-# 100 bytes each); more fall back to a shuffle join.
-BROADCAST_IDS = 2_000_000
 ANNOTATIONS_SCHEMA = "array<struct<annotator:string,label:string>>"
 
 # Reject reasons, in the order they are checked: a row gets the first that applies.
@@ -272,17 +269,13 @@ def run(cfg: PipelineConfig, run_id: str | None = None, spark: SparkSession | No
 
     def work(out: Path) -> dict[str, Any]:
         from pyspark import StorageLevel
-        from pyspark.sql import functions as F
 
         session = spark or common.get_spark(cfg, "intentops-clean")
         raw = common.read_raw(session, cfg, str(src))
         checked = clean_frame(raw, labels, cfg.clean).persist(StorageLevel.MEMORY_AND_DISK)
         reused = reused_ids(checked).persist(StorageLevel.MEMORY_AND_DISK)
         try:
-            n_reused = reused.count()
-            flagged = flag_duplicate_ids(
-                checked, F.broadcast(reused) if n_reused <= BROADCAST_IDS else reused
-            )
+            flagged = flag_duplicate_ids(checked, common.broadcast_if_small(reused))
             by_reason = {
                 r["reason"]: r["count"] for r in flagged.groupBy("reason").count().collect()
             }

@@ -27,6 +27,9 @@ CORRUPT = "_corrupt_record"
 # Canonical names the rest of the pipeline uses, whatever the export calls them.
 FIELDS = ("id", "text", "label", "annotations", "created_at", "channel")
 REQUIRED = ("text", "label")
+# A persisted side table (repeated ids or keys, clusters) of up to this many rows is joined
+# by broadcast (about 100 bytes a row); a larger one falls back to a shuffle join.
+BROADCAST_ROWS = 2_000_000
 
 
 def get_spark(cfg: PipelineConfig, app: str) -> SparkSession:
@@ -59,6 +62,14 @@ def get_spark(cfg: PipelineConfig, app: str) -> SparkSession:
     return spark
 
 
+def broadcast_if_small(table: DataFrame) -> DataFrame:
+    """``table`` (persisted) with a broadcast hint when it has at most BROADCAST_ROWS rows:
+    then the large side of the join is not shuffled."""
+    from pyspark.sql import functions as F
+
+    return F.broadcast(table) if table.count() <= BROADCAST_ROWS else table
+
+
 _EXTENSIONS = ((".csv", "csv"), (".jsonl", "jsonl"), (".json", "jsonl"), (".parquet", "parquet"))
 
 
@@ -73,8 +84,13 @@ def detect_format(path: str, fmt: str) -> str:
             return f
     local = Path(path)
     if "://" not in path and local.is_dir():
-        found = {f for p in local.rglob("*") if p.is_file() and not p.name.startswith((".", "_"))
-                 for ext, f in _EXTENSIONS if p.name.lower().endswith(ext)}
+        found = {
+            f
+            for p in local.rglob("*")
+            if p.is_file() and not p.name.startswith((".", "_"))
+            for ext, f in _EXTENSIONS
+            if p.name.lower().endswith(ext)
+        }
         if len(found) == 1:
             return found.pop()
     raise StageError(

@@ -38,9 +38,6 @@ if TYPE_CHECKING:
 
 STAGE = "dedup"
 CHUNK = 2048  # shingles hashed per slab in minhash_fn
-# A persisted side table (repeated keys, clusters) of up to this many rows is joined by
-# broadcast (about 100 bytes a row); a larger one falls back to a shuffle join.
-BROADCAST_ROWS = 2_000_000
 
 
 def dedup_key_col(text: Column) -> Column:
@@ -265,13 +262,6 @@ def components(edges: list[tuple[int, int]]) -> dict[int, int]:
     return dict(zip(nodes.tolist(), smallest[labels].tolist(), strict=True))
 
 
-def _small(table: DataFrame) -> DataFrame:
-    """``table`` (persisted) with a broadcast hint when it has at most BROADCAST_ROWS rows."""
-    from pyspark.sql import functions as F
-
-    return F.broadcast(table) if table.count() <= BROADCAST_ROWS else table
-
-
 def dedup_frames(spark: SparkSession, kept: DataFrame, cfg: DedupConfig) -> dict[str, Any]:
     """Run both passes over the clean stage's kept rows.
 
@@ -307,7 +297,7 @@ def dedup_frames(spark: SparkSession, kept: DataFrame, cfg: DedupConfig) -> dict
     )
     cached = [keyed, repeated]
     rows = (
-        keyed.join(_small(repeated), "key", "left")
+        keyed.join(common.broadcast_if_small(repeated), "key", "left")
         .withColumn("esurv", F.coalesce("first_id", "record_id"))
         .drop("first_id")
     )
@@ -375,7 +365,7 @@ def dedup_frames(spark: SparkSession, kept: DataFrame, cfg: DedupConfig) -> dict
         .persist(StorageLevel.MEMORY_AND_DISK)
     )
     cached += [exact_survivors, mh, pairs, labeled, members]
-    members = _small(members)
+    members = common.broadcast_if_small(members)
     base_cols = list(kept.columns)
     cluster_labels = F.array_sort(
         F.array_union(
