@@ -23,6 +23,12 @@ KEY_CASES = [
     "über-schnell",
     "a",
     "tabs\tinside",
+    "a -- b",
+    "x,\ty",
+    "  ..hi..  ",
+    "snake_case",
+    "١٢٣ abc",
+    "...",
 ]
 
 
@@ -153,9 +159,25 @@ def test_verified_jaccard_matches_reference(spark):
     out = next(fn(iter([batch]))).to_pandas()
     mh = spark.createDataFrame(out, "doc long, shingles array<long>, bands array<long>")
     pairs = spark.createDataFrame([(0, 1), (0, 2)], "a long, b long")
-    got = {(r.a, r.b): r.jaccard for r in dedup.verified_edges(pairs, mh, 0.0).collect()}
-    assert np.isclose(got[(0, 1)], textnorm.jaccard(texts[0], texts[1]))
-    assert np.isclose(got[(0, 2)], textnorm.jaccard(texts[0], texts[2]))
+    for pair in ((0, 1), (0, 2)):
+        _assert_edge_at_reference_jaccard(mh, pairs, pair, textnorm.jaccard(*(texts[i] for i in pair)))
+
+
+def _assert_edge_at_reference_jaccard(mh, pairs, pair, j):
+    """The pair is an edge for a threshold just under its reference Jaccard, not just over."""
+    edges = lambda t: {tuple(r) for r in dedup.verified_edges(pairs, mh, t).collect()}  # noqa: E731
+    assert 0 <= j < 1
+    assert pair in edges(j - 1e-6)
+    assert pair not in edges(j + 1e-6)
+
+
+def test_verified_edges_keep_a_pair_exactly_at_the_threshold(spark):
+    # |A n B| = 4, |A u B| = 5: J = 0.8 exactly, an edge at threshold 0.8 (J >= t).
+    rows = [(0, [1, 2, 3, 4, 5], []), (1, [1, 2, 3, 4], []), (2, [1, 2, 3], [])]
+    mh = spark.createDataFrame(rows, "doc long, shingles array<long>, bands array<long>")
+    pairs = spark.createDataFrame([(0, 1), (0, 2)], "a long, b long")
+    assert [tuple(r) for r in dedup.verified_edges(pairs, mh, 0.8).collect()] == [(0, 1)]
+    assert sorted(tuple(r) for r in dedup.verified_edges(pairs, mh, 0.6).collect()) == [(0, 1), (0, 2)]
 
 
 def test_pairs_need_min_band_hits(spark):
@@ -209,8 +231,7 @@ def test_verified_jaccard_with_repeated_shingles(spark):
     out = next(fn(iter([batch]))).to_pandas()
     mh = spark.createDataFrame(out, "doc long, shingles array<long>, bands array<long>")
     pairs = spark.createDataFrame([(0, 1)], "a long, b long")
-    (row,) = dedup.verified_edges(pairs, mh, 0.0).collect()
-    assert np.isclose(row.jaccard, textnorm.jaccard(*texts))
+    _assert_edge_at_reference_jaccard(mh, pairs, (0, 1), textnorm.jaccard(*texts))
 
 
 def test_exact_survivor_is_the_earliest_dated_row(spark):

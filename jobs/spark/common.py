@@ -59,6 +59,15 @@ def get_spark(cfg: PipelineConfig, app: str) -> SparkSession:
         .getOrCreate()
     )
     spark.sparkContext.setLogLevel("WARN")
+    if spark.conf.get("spark.sql.files.minPartitionNum", None) is None:
+        # Input files split into at least two tasks per core. By default a file is cut at
+        # 128 MB or size/cores: 427 MB of CSV on 2 cores became 128+128+128+43 MB, so one
+        # core idled through a third of the read, and the outputs inherited those skewed
+        # parts. With 4 parts of 107 MB both cores finish together; large inputs still
+        # split at 128 MB.
+        spark.conf.set(
+            "spark.sql.files.minPartitionNum", str(2 * spark.sparkContext.defaultParallelism)
+        )
     return spark
 
 
