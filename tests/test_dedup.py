@@ -41,6 +41,11 @@ def test_spark_key_matches_reference(spark, text):
     assert got == textnorm.dedup_key(text)
 
 
+def _mh(spark, rows):
+    """A MinHash frame from (doc, shingles, bands) rows; ``n`` is the set size."""
+    return spark.createDataFrame([(d, len(sh), sh, b) for d, sh, b in rows], dedup.MH_SCHEMA)
+
+
 def _arrow_keys(texts):
     return pa.array([textnorm.dedup_key(t) for t in texts], pa.string())
 
@@ -52,10 +57,11 @@ def test_minhash_shingles_match_reference(k):
     batch = pa.RecordBatch.from_arrays([pa.array(range(len(texts)), pa.int64()), _arrow_keys(texts)],
                                        names=["doc", "key"])
     out = next(fn(iter([batch])))
-    for text, packed in zip(texts, out.column("shingles").to_pylist(), strict=True):
+    sizes = out.column("n").to_pylist()
+    for text, packed, n in zip(texts, out.column("shingles").to_pylist(), sizes, strict=True):
         ref = {int.from_bytes(s, "big") for s in textnorm.shingles(text, k)}
         assert {v & (2**64 - 1) for v in packed} == ref, text  # int64 view of uint64
-        assert len(packed) == len(ref)  # a set: each shingle once ("x" * 40 has one)
+        assert len(packed) == len(ref) == n  # a set: each shingle once ("x" * 40 has one)
     bands = out.column("bands").to_pylist()
     assert all(len(b) == DedupConfig().num_bands for b in bands)
 
@@ -144,8 +150,7 @@ def test_large_bucket_is_a_star_not_all_pairs(spark):
     from pyspark.sql import functions as F
 
     n = 120
-    mh = spark.createDataFrame([(i, [], [7, i + 1000]) for i in range(n)],
-                               "doc long, shingles array<long>, bands array<long>")
+    mh = _mh(spark, [(i, [], [7, i + 1000]) for i in range(n)])
     pairs = dedup.candidate_pairs(mh, max_bucket_pairs=50, min_band_hits=1)
     assert pairs.count() == n - 1
     assert pairs.where(F.col("a") != 0).count() == 0
@@ -157,7 +162,7 @@ def test_verified_jaccard_matches_reference(spark):
     batch = pa.RecordBatch.from_arrays([pa.array([0, 1, 2], pa.int64()), _arrow_keys(texts)],
                                        names=["doc", "key"])
     out = next(fn(iter([batch]))).to_pandas()
-    mh = spark.createDataFrame(out, "doc long, shingles array<long>, bands array<long>")
+    mh = spark.createDataFrame(out, dedup.MH_SCHEMA)
     pairs = spark.createDataFrame([(0, 1), (0, 2)], "a long, b long")
     for pair in ((0, 1), (0, 2)):
         _assert_edge_at_reference_jaccard(mh, pairs, pair, textnorm.jaccard(*(texts[i] for i in pair)))
@@ -174,7 +179,7 @@ def _assert_edge_at_reference_jaccard(mh, pairs, pair, j):
 def test_verified_edges_keep_a_pair_exactly_at_the_threshold(spark):
     # |A n B| = 4, |A u B| = 5: J = 0.8 exactly, an edge at threshold 0.8 (J >= t).
     rows = [(0, [1, 2, 3, 4, 5], []), (1, [1, 2, 3, 4], []), (2, [1, 2, 3], [])]
-    mh = spark.createDataFrame(rows, "doc long, shingles array<long>, bands array<long>")
+    mh = _mh(spark, rows)
     pairs = spark.createDataFrame([(0, 1), (0, 2)], "a long, b long")
     assert [tuple(r) for r in dedup.verified_edges(pairs, mh, 0.8).collect()] == [(0, 1)]
     assert sorted(tuple(r) for r in dedup.verified_edges(pairs, mh, 0.6).collect()) == [(0, 1), (0, 2)]
@@ -184,7 +189,7 @@ def test_pairs_need_min_band_hits(spark):
     # docs 0,1 share one bucket; 2,3 share two; 4,5 share three.
     rows = [(0, [], [1, 10, 20]), (1, [], [1, 11, 21]), (2, [], [2, 3, 22]),
             (3, [], [2, 3, 23]), (4, [], [4, 5, 6]), (5, [], [4, 5, 6])]
-    mh = spark.createDataFrame(rows, "doc long, shingles array<long>, bands array<long>")
+    mh = _mh(spark, rows)
     got = lambda hits: sorted(tuple(r) for r in dedup.candidate_pairs(mh, 50, hits).collect())  # noqa: E731
     assert got(1) == [(0, 1), (2, 3), (4, 5)]
     assert got(2) == [(2, 3), (4, 5)]
@@ -194,7 +199,7 @@ def test_pairs_need_min_band_hits(spark):
 def test_pairs_whose_set_sizes_rule_out_the_threshold_are_dropped(spark):
     # J(A, B) <= min(|A|, |B|) / max(|A|, |B|): 8 of 10 shingles can still reach 0.8, 7 cannot.
     rows = [(0, list(range(10)), [1, 2]), (1, list(range(8)), [1, 2]), (2, list(range(7)), [1, 2])]
-    mh = spark.createDataFrame(rows, "doc long, shingles array<long>, bands array<long>")
+    mh = _mh(spark, rows)
     got = lambda t: sorted(tuple(r) for r in dedup.candidate_pairs(mh, 50, 2, t).collect())  # noqa: E731
     assert got(0.8) == [(0, 1), (1, 2)]
     assert got(0.0) == [(0, 1), (0, 2), (1, 2)]
@@ -229,7 +234,7 @@ def test_verified_jaccard_with_repeated_shingles(spark):
     batch = pa.RecordBatch.from_arrays([pa.array([0, 1], pa.int64()), _arrow_keys(texts)],
                                        names=["doc", "key"])
     out = next(fn(iter([batch]))).to_pandas()
-    mh = spark.createDataFrame(out, "doc long, shingles array<long>, bands array<long>")
+    mh = spark.createDataFrame(out, dedup.MH_SCHEMA)
     pairs = spark.createDataFrame([(0, 1)], "a long, b long")
     _assert_edge_at_reference_jaccard(mh, pairs, (0, 1), textnorm.jaccard(*texts))
 
