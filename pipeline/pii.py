@@ -105,6 +105,24 @@ def _word_start(s: str, i: int) -> bool:
     return not i or not (s[i - 1].isalnum() or s[i - 1] == "_")
 
 
+def _by_first_char(alternatives: Iterable[str]) -> str:
+    """``(?:a1|a2|...)``, with the alternatives (regexes that start with a plain character)
+    grouped by that character, each group in the order given. Python's re tries the
+    case-insensitive alternatives one by one at every place (0.1 us each for the 250 street
+    types); alternatives that start with different letters never match at the same place,
+    so the groups match as the plain list does."""
+    groups: dict[str, list[str]] = {}
+    for a in alternatives:
+        assert a[0].isalnum() or a[0] == "#", a  # a plain character
+        groups.setdefault(a[0].lower(), []).append(a)
+    parts = []
+    for group in groups.values():
+        assert all(a[0] == group[0][0] for a in group), group
+        tails = [a[1:] for a in group]
+        parts.append(group[0] if len(group) == 1 else f"{group[0][0]}(?:{'|'.join(tails)})")
+    return "(?:" + "|".join(parts) + ")"
+
+
 def _automaton(entries: Iterable[tuple[str, object]]) -> ahocorasick.Automaton:
     """An Aho-Corasick automaton over (word, value) pairs: one pass finds them all."""
     a = ahocorasick.Automaton()
@@ -120,6 +138,15 @@ _EMAIL_RE = re.compile(
     r"(?<![\w.%+-])[A-Za-z0-9][A-Za-z0-9._%+-]*@[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?"
     r"(?:\.[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?)*\.[A-Za-z]{2,24}(?![\w-])"
 )
+
+
+def _email_from(text: str) -> int:
+    """Where an e-mail address in ``text`` can start: its name part holds no whitespace
+    and no "@", so not before the space in front of the first "@" (re tries the pattern at
+    every position before, 3 us a message)."""
+    return text.rfind(" ", 0, text.find("@")) + 1
+
+
 _IBAN_START_RE = re.compile(r"(?<![A-Za-z0-9])[A-Za-z]{2}[0-9]{2}(?= ?[A-Za-z0-9])")
 _PRC_RE = re.compile(r"(?<![A-Za-z0-9])[0-9]{17}[0-9Xx](?![A-Za-z0-9])")
 _CARD_RE = re.compile(
@@ -151,31 +178,31 @@ def _iban_spans(text: str, zone: tuple[int, int]) -> list[tuple[int, int, str]]:
     # An IBAN's length is fixed per country, so read exactly that many characters
     # (single spaces between groups allowed) instead of guessing where it ends.
     for m in starts:
-        need = ck.IBAN_LENGTHS.get(m.group()[:2].upper())
-        if need is None:
-            continue
-        i, got = m.start(), 0
-        while i < len(text) and got < need:
-            ch = text[i]
-            if ch.isascii() and ch.isalnum():
-                got += 1
-            elif not (
-                ch == " " and got % 4 == 0 and got and i + 1 < len(text) and text[i + 1] != " "
-            ):
-                break
-            i += 1
-        at_end = not (i < len(text) and text[i].isascii() and text[i].isalnum())
-        if got == need and at_end and ck.iban_valid(text[m.start() : i]):
-            out.append((m.start(), i, "IBAN"))
+        rx = _IBAN_READ_RES.get(ck.IBAN_LENGTHS.get(m.group()[:2].upper()))
+        if rx is not None and (r := rx.match(text, m.start())) and ck.iban_valid(r.group()):
+            out.append((*r.span(), "IBAN"))
     return out
+
+
+def _iban_read_re(n: int) -> re.Pattern[str]:
+    """``n`` ASCII letters and digits, in groups of 4 with at most one space after each,
+    then no letter or digit."""
+    groups, rest = divmod(n, 4)
+    if not rest:
+        groups, rest = groups - 1, 4
+    return re.compile(rf"(?:[A-Za-z0-9]{{4}} ?){{{groups}}}[A-Za-z0-9]{{{rest}}}(?![A-Za-z0-9])")
+
+
+_IBAN_READ_RES = {n: _iban_read_re(n) for n in set(ck.IBAN_LENGTHS.values())}
 
 
 def _card_ok(s: str) -> bool:
     # An 18-digit number with a PRC ID's structure (province, birth date) but a wrong
     # check character is a mistyped ID or a reference, not one of the rare 18-digit cards.
-    if len(s) == 18 and s.isdigit() and ck.prc_id_valid(s[:17] + ck.prc_id_check_char(s[:17])):
-        return False
-    return ck.card_number_valid(s)
+    # (Luhn first: it rules out 9 in 10 numbers for a third of the PRC check's 8 us.)
+    return ck.card_number_valid(s) and not (
+        len(s) == 18 and s.isdigit() and ck.prc_id_valid(s[:17] + ck.prc_id_check_char(s[:17]))
+    )
 
 
 def _ip_ok(s: str) -> bool:
@@ -255,8 +282,17 @@ def _valid(
     return [(*m.span(), entity) for m in _matches(rx, text, zone) if ok(m.group())]
 
 
+# PRC IDs, cards and SSNs: the fewest digits a match has, the pattern, the type, the
+# validator (see _valid).
+_VALIDATED = (
+    (17, _PRC_RE, "PRC_ID", ck.prc_id_valid),
+    (13, _CARD_RE, "CARD", _card_ok),
+    (9, _SSN_RE, "US_SSN", ck.us_ssn_valid),
+)
+
+
 def _phone_ok(s: str) -> bool:
-    n = sum(c.isdigit() for c in s)
+    n = sum(map(str.isdigit, s))
     return 9 <= n <= 15 if s.startswith("+") else 10 <= n <= 12
 
 
@@ -307,14 +343,14 @@ ville vista walk walks wall way ways well wells close gate gates wharf yard quay
 """.split()
 _FR_VOIE = ["rue", "avenue", "av.", "boulevard", "bd", "place", "chemin", "allée", "allee", "impasse", "quai", "route", "cours", "square", "passage", "voie", "sentier", "rond-point"]  # fmt: skip
 _DE_SUFFIX = ["straße", "strasse", "str.", "weg", "gasse", "platz", "allee", "ring", "damm", "ufer", "chaussee", "steig", "pfad", "markt", "berg", "hof", "garten"]  # fmt: skip
-_UNIT = r"(?:flat|apt\.?|apartment|suite|ste\.?|unit|studio|room|#)"
-_WORD = r"[^\W\d_][\w'’-]*"  # any word (caseless texts)
-_CAP = r"[A-ZÀ-ÖØ-Þ][\w'’-]*"  # a capitalized word
-_SUFFIX_EN = (
-    "(?i:" + "|".join(re.escape(s) for s in sorted(_EN_STREET, key=len, reverse=True)) + ")"
-)
-_VOIE_FR = "(?i:" + "|".join(re.escape(s) for s in _FR_VOIE) + ")"
-_DE_END = "(?i:" + "|".join(re.escape(s) for s in _DE_SUFFIX) + ")"
+_UNIT = _by_first_char(["flat", r"apt\.?", "apartment", "suite", r"ste\.?", "unit", "studio", "room", "#"])  # fmt: skip
+_UNIT_FIRST = _by_first_char(["flat", r"apt\.?", "apartment", "suite", "unit", "studio"])
+_VOIE_BARE = _by_first_char(["rue", "avenue", "boulevard", "chemin", "allée", "impasse", "quai"])
+_WORD = r"[^\W\d_][\w'’-]*+"  # any word (caseless texts); possessive: see _TOK1
+_CAP = r"[A-ZÀ-ÖØ-Þ][\w'’-]*+"  # a capitalized word
+_SUFFIX_EN = f"(?i:{_by_first_char(map(re.escape, sorted(_EN_STREET, key=len, reverse=True)))})"
+_VOIE_FR = f"(?i:{_by_first_char(map(re.escape, _FR_VOIE))})"
+_DE_END = f"(?i:{_by_first_char(map(re.escape, _DE_SUFFIX))})"
 
 
 def _address_res(word: str, caseless: bool) -> tuple[re.Pattern[str], ...]:
@@ -326,13 +362,13 @@ def _address_res(word: str, caseless: bool) -> tuple[re.Pattern[str], ...]:
     )
     # Unit first ("Flat 17 Janet Meadows"): the unit number, then street words and a suffix.
     en_unit = re.compile(
-        rf"(?<![\w-])(?i:flat|apt\.?|apartment|suite|unit|studio)\s*[0-9]{{1,4}}[A-Za-z]?,?\s+"
+        rf"(?<![\w-])(?i:{_UNIT_FIRST})\s*[0-9]{{1,4}}[A-Za-z]?,?\s+"
         rf"(?:{word}\s+){{1,3}}{_SUFFIX_EN}\b\.?{city}"
     )
     particle = r"(?:(?:de la|de l'|du|des|de|d'|la|le|l')\s*)?"
     w = rf"(?!I\b|I['’]){word}"
     fr_body = rf"{_VOIE_FR}\s+{particle}{w}(?:\s+{particle}{w}){{0,3}}"
-    bare = rf"(?i:rue|avenue|boulevard|chemin|allée|impasse|quai)\s+{particle}{w}(?:\s+{particle}{w}){{0,3}}"
+    bare = rf"(?i:{_VOIE_BARE})\s+{particle}{w}(?:\s+{particle}{w}){{0,3}}"
     number = r"[0-9]{1,4}(?:\s?(?:bis|ter))?,?\s+"
     fr = re.compile(rf"(?<![\w-])(?:{number}{fr_body}" + ("" if caseless else rf"|{bare}") + ")")
     de_name = r"[^\W\d_][\w'’-]*?" if caseless else r"[A-ZÄÖÜ][\w'’-]*?"
@@ -349,7 +385,8 @@ _ADDRESS_CASELESS = _address_res(_WORD, caseless=True)
 
 # --------------------------------------------------------------------------- names
 
-_TITLES = r"(?:Mr|Mrs|Ms|Miss|Mx|Dr|Prof|Sir|Madam|Mme|Mlle|Herr|Frau|Sr|Sra)\.?"
+_TITLES = _by_first_char("Mr Mrs Ms Miss Mx Dr Prof Sir Madam Mme Mlle Herr Frau Sr Sra".split())
+_TITLES += r"\.?"
 # Phrases after which a name follows. Strong cues all but guarantee one ("my name is ___",
 # "regards, ___"); weak ones often precede other words ("this is urgent", "I'm stuck"),
 # so in text without case their name needs support from the lexicon.
@@ -387,11 +424,16 @@ _WEAK_CUES = (
 )
 # The literal text each cue and title starts with (lower case): a cued name pattern can
 # match only where one of them starts, or before "here" / "speaking" (see _cue_starts).
+# Spelled out in full where a shorter prefix is a common word ("hi", "transfer"), as every
+# place it starts is a regex match tried (1 us).
 _CUE_PREFIXES = (
-    "my name", "name:", "on behalf of", "hi", "hello", "hey", "account holder", "card holder",
-    "cardholder", "kind regards", "best regards", "warm regards", "regards", "thank",
-    "many thanks", "cheers", "sincerely", "yours", "signed", "this is", "this was", "that is",
-    "that was", "i'm", "i am", "dear", "sent to", "send it to", "transfer",
+    "my name", "name:", "on behalf of",
+    *(f"{h}{c} {t} {v}" for h in ("hi", "hello", "hey") for c in (",", "")
+      for t in ("this", "that") for v in ("is", "was")),
+    "account holder", "card holder", "cardholder", "kind regards", "best regards",
+    "warm regards", "regards", "thanks", "thank you", "many thanks", "cheers", "sincerely",
+    "yours", "signed", "this is", "this was", "that is", "that was", "i'm", "i am", "dear",
+    "sent to", "send it to", "transfer to", "transferred to",
     *(f"my {r}" for r in _RELATIVES),
     "mr", "ms", "miss", "mx", "dr", "prof", "sir", "madam", "mme", "mlle", "herr", "frau", "sr",
 )  # fmt: skip
@@ -404,11 +446,18 @@ def _cue(cues: tuple[str, ...]) -> str:
 _CUE_AFTER_RE = r"(?i:\s+(?:here|speaking)\b)"
 _PARTICLE = r"(?:van der|van den|van de|van|von der|von|de la|de los|del|della|de|der|den|di|da|du|dos|das|le|la|ter|ten|bin|ibn|al|y)"
 _UP, _LO = "A-ZÀ-ÖØ-Þ", "a-zß-öø-ÿ"
-_TOK1 = rf"(?:[{_UP}][{_LO}]?['’]?)?[{_UP}][{_LO}'’]+"  # Anna, McDonald, O'Neill, D'Souza
+# Name tokens and words end with a possessive run ("++", "*+": never given back, as no
+# pattern goes on with one of its characters), so a failed match does not retry each
+# shorter run (0.2-0.5 us a try).
+# Anna, McDonald, O'Neill, D'Souza: rf"(?:[{_UP}][{_LO}]?['’]?)?[{_UP}][{_LO}'’]+", written
+# capital first (the same alternatives, in the same order) for _RUN_RE.
+_TOK1_TAIL = rf"(?:[{_LO}]?['’]?[{_UP}][{_LO}'’]++|[{_LO}'’]++)"
+_TOK1 = rf"[{_UP}]{_TOK1_TAIL}"
 _NAME_TOK = rf"{_TOK1}(?:-{_TOK1})?"
 _GEN_SUFFIX = r"(?:,?\s+(?:Jr\.?|Sr\.?|II|III|IV))?"
+_PARTICLE_RE = re.compile(_PARTICLE)
 _NAME_CASED = rf"{_NAME_TOK}(?:\s+(?:{_PARTICLE}\s+)?{_NAME_TOK}){{0,3}}{_GEN_SUFFIX}"
-_LOW_TOK = r"[a-zß-öø-ÿ][a-zß-öø-ÿ'’-]+"
+_LOW_TOK = r"[a-zß-öø-ÿ][a-zß-öø-ÿ'’-]++"
 _NAME_CASELESS = rf"{_LOW_TOK}(?:\s+{_LOW_TOK}){{0,4}}"
 
 # Words that are not names although capitalized after a cue (pronouns, products, places).
@@ -484,13 +533,13 @@ _CUED_CASELESS_RE = re.compile(
     rf"|(?:(?:^|(?<=[,.!?:;]\s))(?P<b>{_NAME_CASELESS})(?={_CUE_AFTER_RE}))"
     rf"|(?:(?<![\w'’])(?P<c>(?i:{_TITLES})\s+{_NAME_CASELESS}))"
 )
-_RUN_RE = re.compile(rf"(?<![\w'’-]){_NAME_TOK}(?:\s+{_NAME_TOK})+(?![\w'’-])")
+# A run of capitalized words: rf"(?<![\w'’-]){_NAME_TOK}(?:\s+{_NAME_TOK})+(?![\w'’-])",
+# written capital first (its first token's capital, the lookbehind, the rest of the
+# token), so that re tries it at the capitals only, not at every position (1-2 us).
+_RUN_RE = re.compile(
+    rf"[{_UP}](?<![\w'’-][{_UP}]){_TOK1_TAIL}(?:-{_TOK1})?(?:\s+{_NAME_TOK})+(?![\w'’-])"
+)
 _TOK_RE = re.compile(r"\S+")
-# The last capital of a word followed by a capitalized word (the lookahead finds pairs
-# that overlap), found by trying the capitals only: the first token of a _RUN_RE match
-# ends in one.
-_PAIR_RE = re.compile(rf"[{_UP}](?=[{_LO}'’]+\s+[{_UP}])")
-_NAME_CHAR_RE = re.compile(rf"[{_UP}{_LO}'’-]")  # the characters of _NAME_TOK
 _CUE_AUTOMATON = _automaton(
     [(w, (len(w), False)) for w in _CUE_PREFIXES]
     + [(w, (len(w), True)) for w in ("here", "speaking")]
@@ -499,7 +548,7 @@ _CUE_AUTOMATON = _automaton(
 
 # Where a name before "here" / "speaking" can start: at a capital in cased text; at the
 # start or after a punctuation mark and a space in text without case.
-_CAP_RE = re.compile(f"[{_UP}]")
+_CAP_WORD_START_RE = re.compile(rf"[{_UP}](?<!\w[{_UP}])")  # where _word_start holds
 _PUNCT_SPACE_RE = re.compile(r"[,.!?:;]\s")
 
 
@@ -523,21 +572,8 @@ def _cue_starts(scan: str, low: str, caseless: bool) -> list[int] | None:
         starts.add(0)
         starts.update(m.end() for m in _PUNCT_SPACE_RE.finditer(scan))
     elif before:
-        starts.update(m.start() for m in _CAP_RE.finditer(scan) if _word_start(scan, m.start()))
+        starts.update(m.start() for m in _CAP_WORD_START_RE.finditer(scan))
     return sorted(starts)
-
-
-def _run_starts(text: str) -> list[int]:
-    """Every position where _RUN_RE can match, in order: where the name characters end
-    that lead to a pair's capital (a token's start, as _RUN_RE's lookbehind wants)."""
-    starts: list[int] = []
-    for m in _PAIR_RE.finditer(text):
-        i = m.start()
-        while i and _NAME_CHAR_RE.match(text, i - 1):
-            i -= 1
-        if not starts or i > starts[-1]:  # a later pair's start is never earlier
-            starts.append(i)
-    return starts
 
 
 def _search_from(
@@ -553,12 +589,25 @@ def _search_from(
     return None
 
 
+def _keeps_all(s: str) -> bool:
+    """Whether _trim_cased drops no token of ``s`` (a cased name match, which starts and
+    ends with a token), as for most names: a test on its first and last words only."""
+    words = s.split()  # the tokens, as _TOK_RE finds them
+    return not (
+        words[0].lower() in _NOT_NAMES
+        or words[-1].lower() in _NOT_NAMES
+        or _PARTICLE_RE.fullmatch(words[-1])
+    )
+
+
 def _trim_cased(s: str, start: int) -> tuple[int, int] | None:
     """Drop leading and trailing non-name tokens of a cased match; None if nothing is left."""
+    if _keeps_all(s):
+        return start, start + len(s)
     toks = [(m.start(), m.end(), m.group()) for m in _TOK_RE.finditer(s)]
     while toks and toks[0][2].lower() in _NOT_NAMES:
         toks.pop(0)
-    while toks and (toks[-1][2].lower() in _NOT_NAMES or re.fullmatch(_PARTICLE, toks[-1][2])):
+    while toks and (toks[-1][2].lower() in _NOT_NAMES or _PARTICLE_RE.fullmatch(toks[-1][2])):
         toks.pop()
     if not toks:
         return None
@@ -590,16 +639,6 @@ def _trim_caseless(s: str, start: int, mode: str) -> tuple[int, int] | None:
     return start + toks[0][0], start + toks[-1][1]
 
 
-def _finditer_from(
-    rx: re.Pattern[str], text: str, starts: Iterable[int] | None
-) -> Iterator[re.Match[str]]:
-    """``rx.finditer(text)``; ``starts``: see _search_from."""
-    m = _search_from(rx, text, 0, starts)
-    while m is not None:
-        yield m
-        m = _search_from(rx, text, m.end(), starts)
-
-
 def _search_all(rx: re.Pattern[str], text: str, starts: list[int] | None):
     """Like ``finditer``, but the next search starts where this match's name starts, not
     where it ends: "I'm writing on behalf of Ann Lee" first matches the weak cue "I'm"
@@ -608,8 +647,8 @@ def _search_all(rx: re.Pattern[str], text: str, starts: list[int] | None):
     m = _search_from(rx, text, 0, starts)
     while m is not None:
         yield m
-        name = next(g for g in ("a", "b", "c") if m.group(g) is not None)
-        m = _search_from(rx, text, max(m.start() + 1, m.start(name)), starts)
+        # The group of the name ("a", "b" or "c"): each branch closes it last.
+        m = _search_from(rx, text, max(m.start() + 1, m.start(m.lastgroup)), starts)
 
 
 def _names(text: str, caseless: bool, starts: list[int] | None) -> list[tuple[int, int]]:
@@ -630,8 +669,8 @@ def _names(text: str, caseless: bool, starts: list[int] | None) -> list[tuple[in
             if span:
                 out.append(span)
         return out
-    for m in _search_all(_CUED_CASED_RE, text, starts):
-        g = "a" if m.group("a") else ("b" if m.group("b") else "c")
+    for m in _search_all(_CUED_CASED_RE, text, starts) if starts != [] else ():
+        g = m.lastgroup  # "a", "b" or "c" (see _search_all)
         if g == "c":
             out.append(m.span("c"))
             continue
@@ -641,23 +680,29 @@ def _names(text: str, caseless: bool, starts: list[int] | None) -> list[tuple[in
         if span:
             out.append(span)
     given, family = _lexicon()
-    # Cue-less: in each run of capitalized words, "Given Family" or "Given Middle Family".
-    for m in _finditer_from(_RUN_RE, text, _run_starts(text)):
-        toks = [
-            (t.start() + m.start(), t.end() + m.start(), t.group())
-            for t in _TOK_RE.finditer(m.group())
-        ]
-        i = 0
-        while i < len(toks) - 1:
-            for width in (3, 2):
-                win = toks[i : i + width]
-                if len(win) < width or any(t[2].lower() in _NOT_PAIR for t in win):
+    # Cue-less: in each run of capitalized words, "Given Family" or "Given Middle Family"
+    # (tried in this order at each token), no token in _NOT_PAIR.
+    for m in _RUN_RE.finditer(text):
+        words = m.group().split()  # the tokens, as _TOK_RE finds them
+        lows = [w.lower() for w in words]
+        ok = [lw not in _NOT_PAIR for lw in lows]
+        folds = [lw if w.isascii() else _fold(w) for w, lw in zip(words, lows, strict=True)]
+        pairs = []  # (first token, last token)
+        i, n = 0, len(words)
+        while i < n - 1:
+            if ok[i] and folds[i] in given:
+                if i + 2 < n and ok[i + 1] and ok[i + 2] and folds[i + 2] in family:
+                    pairs.append((i, i + 2))
+                    i += 3
                     continue
-                if _fold(win[0][2]) in given and _fold(win[-1][2]) in family:
-                    out.append((win[0][0], win[-1][1]))
-                    i += width - 1
-                    break
+                if ok[i + 1] and folds[i + 1] in family:
+                    pairs.append((i, i + 1))
+                    i += 2
+                    continue
             i += 1
+        if pairs:
+            toks = list(_TOK_RE.finditer(text, m.start(), m.end()))
+            out += [(toks[i].start(), toks[j].end()) for i, j in pairs]
     return out
 
 
@@ -679,7 +724,8 @@ def _is_caseless(text: str) -> bool:
 # Searched in the lower-cased text: Python's re tries a case-insensitive alternation at
 # every position (5 us a message); a case-sensitive one is found by a literal-prefix scan.
 _VOIE_HINT_RE = re.compile(r"(?:rue|avenue|boulevard|chemin|all[ée]e|impasse|quai)\s")
-_DE_AUTOMATON = _automaton((d, None) for d in _DE_SUFFIX)
+# A German street suffix before a house number ("hauptstr. 5"), in the lower case.
+_DE_HINT_RE = re.compile("(?:" + "|".join(map(re.escape, _DE_SUFFIX)) + r")\s*[0-9]")
 _EN_STREET_SET = frozenset(_EN_STREET)
 _LETTER_RUN_RE = re.compile(r"[^\W\d_]+")
 _UNIT_SET = frozenset(("flat", "apt", "apartment", "suite", "unit", "studio"))  # en_unit's
@@ -688,12 +734,15 @@ _UNIT_SET = frozenset(("flat", "apt", "apartment", "suite", "unit", "studio"))  
 _HOUSE_NUMBER_RE = re.compile(r"[0-9](?:[a-z]|bis|ter)?,?\s")
 # The first run of letters of each French voie type ("av." -> "av", "rond-point" -> "rond").
 _FR_VOIE_SET = frozenset(re.match(r"[^\W\d_]+", v).group() for v in _FR_VOIE)
+_STREET_WORDS = _EN_STREET_SET | _UNIT_SET | _FR_VOIE_SET
 # Every byte but the ASCII letters -> a space: letter runs by one table pass and a split.
 _LETTERS_ONLY = bytes(b if b < 128 and chr(b).isalpha() else 32 for b in range(256))
 # A capitalized word after whitespace: every name the cased name patterns can return
 # contains one that is not in _NOT_NAMES (after a cue or a title, or the second word of a
 # "Given Family" pair), or stands before "here" / "speaking".
-_CAP_AFTER_SPACE_RE = re.compile(r"\s([A-ZÀ-ÖØ-Þ][\w'’-]*)")
+# (Written capital first: re finds the few capitals faster than it tries every space.)
+_CAP_AFTER_SPACE_RE = re.compile(r"[A-ZÀ-ÖØ-Þ](?<=\s[A-ZÀ-ÖØ-Þ])[\w'’-]*")
+_NOT_NAMES_AS_WRITTEN = frozenset(f(w) for w in _NOT_NAMES for f in (str.capitalize, str.upper))
 
 # The gates below only skip work: each returns False only when its patterns cannot match
 # (tests/test_pii.py checks detections with every gate open). _street_starts, like
@@ -702,11 +751,15 @@ _CAP_AFTER_SPACE_RE = re.compile(r"\s([A-ZÀ-ÖØ-Þ][\w'’-]*)")
 
 
 def _may_hold_cased_name(text: str, low: str) -> bool:
-    """Whether the cased name patterns can find a name: a 1.5 us test in front of the name
+    """Whether the cased name patterns can find a name: a 1 us test in front of the name
     search, which most messages fail."""
     if "here" in low or "speaking" in low:
         return True
-    return not _NOT_NAMES.issuperset(map(str.lower, _CAP_AFTER_SPACE_RE.findall(text)))
+    words = _CAP_AFTER_SPACE_RE.findall(text)
+    # Most are "I" or a capitalized or upper-case _NOT_NAMES word, found without lower().
+    if _NOT_NAMES_AS_WRITTEN.issuperset(words):
+        return False
+    return not _NOT_NAMES.issuperset(map(str.lower, words))
 
 
 def _words(text: str, low: str) -> list[str]:
@@ -716,27 +769,38 @@ def _words(text: str, low: str) -> list[str]:
     return _LETTER_RUN_RE.findall(low)
 
 
-def _street_starts(text: str, low: str, caseless: bool) -> tuple[int | None, ...]:
+_NO_STREET = (None, None, None, None)
+
+
+def _street_starts(
+    text: str, low: str, caseless: bool, digits: tuple[int, int] | None
+) -> tuple[int | None, ...]:
     """Where each address pattern (en, en_unit, fr, de) can first match; None: nowhere.
     Each needs its street word, a whole word for the English and French ones (spaces or a
     word's end around it) and for German a word ending before a house number ("hauptstr.
-    5"); en_unit also a unit word; all but the bare French form a house number."""
+    5"); en_unit also a unit word; all but the bare French form (only in text with case)
+    a house number. ``digits``: where the first and the last ASCII digit are ((0,
+    len(text)) if unknown), None if there is none."""
     if not _lower_is_ignorecase(text):
         return 0, 0, 0, 0
-    # German: a suffix, spaces, a digit (a regex would try its suffixes at most positions;
-    # the automaton finds them in one pass).
-    de = any(low[end + 1 :].lstrip()[:1].isdigit() for end, _ in _DE_AUTOMATON.iter(low))
-    house = _HOUSE_NUMBER_RE.search(low)
+    if digits is None:  # only the bare French form can match, with a voie type ("rue de ...")
+        return (None, None, 0, None) if not caseless and _VOIE_HINT_RE.search(low) else _NO_STREET
+    first_digit, last_digit = digits
+    # German: a suffix, spaces, a digit. The suffix ends where the spaces before some digit
+    # start, so not before they start in front of the first one; it has 8 letters at most.
+    de_from = max(len(low[:first_digit].rstrip()) - 8, 0)
+    de = _DE_HINT_RE.search(low, de_from, last_digit + 1) is not None
+    house = _HOUSE_NUMBER_RE.search(low, first_digit, last_digit + 6)  # 6 characters at most
     if house is None:
         fr = not caseless and _VOIE_HINT_RE.search(low) is not None
         return None, None, 0 if fr else None, 0 if de else None
-    words = _words(text, low)
-    en = not _EN_STREET_SET.isdisjoint(words)
-    en_unit = en and not _UNIT_SET.isdisjoint(words)
+    hits = _STREET_WORDS.intersection(_words(text, low))  # most messages hold none
+    en = not hits.isdisjoint(_EN_STREET_SET)
+    en_unit = en and not hits.isdisjoint(_UNIT_SET)
+    fr = not hits.isdisjoint(_FR_VOIE_SET)
     # An English match starts at its first number (at most 5 digits before the house hint
     # of its last one) or at a unit word before it: 9 letters at most, and spaces.
     first = max(len(low[: max(house.start() - 5, 0)].rstrip()) - 9, 0)
-    fr = not _FR_VOIE_SET.isdisjoint(words)
     return first if en else None, first if en_unit else None, 0 if fr else None, 0 if de else None
 
 
@@ -747,6 +811,33 @@ def _lower_same_length(text: str) -> str:
     return "".join(c if len(lc := c.lower()) != 1 else lc for c in text)
 
 
+def _apart(found: list[tuple[int, int, str]]) -> list[tuple[int, int, str]] | None:
+    """The candidates in order, if none is empty and none overlaps another (the same span
+    found twice counts once), as in most messages: then resolving them by priority keeps
+    every one. Else None."""
+    if len(found) == 1:
+        return found if found[0][0] < found[0][1] else None
+    found = sorted(set(found))
+    end = 0
+    for s, e, _ in found:
+        if s < end or s >= e:
+            return None
+        end = e
+    return found
+
+
+def _case_forms(text: str) -> tuple[bool, str, str]:
+    """Whether ``text`` is without case (no upper-case or no lower-case letter); the text
+    the patterns read (its lower case then, of the same length); its lower case."""
+    if text.isascii():  # as below, by whole-string operations
+        low = text.lower()
+        caseless = low == text or text.isupper()  # no upper case, or no lower case
+        return caseless, low if caseless else text, low
+    caseless = _is_caseless(text)
+    scan = _lower_same_length(text) if caseless else text
+    return caseless, scan, scan if caseless else text.lower()
+
+
 def detect(text: str) -> list[Detection]:
     """All PII in ``text``, non-overlapping, in order of position."""
     if not text:
@@ -755,35 +846,35 @@ def detect(text: str) -> list[Detection]:
     # Cheap gates first: most messages have no "@", no digit run, no colon, and a regex
     # pass over them costs more than these scans.
     if "@" in text:
-        found += [(*m.span(), "EMAIL") for m in _EMAIL_RE.finditer(text)]
+        found += [(*m.span(), "EMAIL") for m in _EMAIL_RE.finditer(text, _email_from(text))]
     # ASCII digits only: every number pattern below reads [0-9] (NFKC made full-width
     # digits ASCII). Card, PRC ID, SSN and phone numbers all have 9 digits or more. Counted
     # in UTF-8 (whose multi-byte characters hold no ASCII byte) with each digit written as
     # "0" by one table pass; in ASCII text, byte and character positions agree.
     marked = text.encode("utf-8", "surrogatepass").translate(_DIGITS_AS_0)
     n_digits = marked.count(b"0")
-    digits = n_digits > 0
-    if digits:
-        ascii_ = len(marked) == len(text)  # the digits' zone: see _matches
-        zone = (marked.find(b"0") - 1, marked.rfind(b"0") + 3) if ascii_ else (0, len(text))
+    digits = None  # the first and the last digit's positions (see _street_starts)
+    if n_digits:
+        if len(marked) == len(text):
+            digits = (marked.find(b"0"), marked.rfind(b"0"))
+            zone = (digits[0] - 1, digits[1] + 3)  # see _matches
+        else:  # positions unknown
+            digits = zone = (0, len(text))
         found += _iban_spans(text, zone)
         if n_digits >= 4 and text.count(".") >= 3:
             found += _valid(_IPV4_RE, "IP_ADDRESS", _ip_ok, text, zone)
-        if n_digits >= 17:
-            found += _valid(_PRC_RE, "PRC_ID", ck.prc_id_valid, text, zone)
-        if n_digits >= 13:
-            found += _valid(_CARD_RE, "CARD", _card_ok, text, zone)
+        for need, rx, entity, ok in _VALIDATED:  # (as _valid, without its call layers)
+            if n_digits >= need:
+                for m in _matches(rx, text, zone):
+                    if ok(m.group()):
+                        found.append((*m.span(), entity))
         if n_digits >= 9:
-            found += _valid(_SSN_RE, "US_SSN", ck.us_ssn_valid, text, zone)
             found += _phone_spans(text, zone, n_digits)
     if text.count(":") >= 2:  # IPv6 needs no digit
         found += _valid(_IPV6_RE, "IP_ADDRESS", _ip_ok, text, (0, len(text)))
-    caseless = _is_caseless(text)
-    scan = _lower_same_length(text) if caseless else text
-    low = scan if caseless else text.lower()
-    # Without a digit only the French pattern can match, with a voie type ("rue de ...").
-    if digits or _VOIE_HINT_RE.search(low):
-        street = _street_starts(text, low, caseless)
+    caseless, scan, low = _case_forms(text)
+    street = _street_starts(text, low, caseless, digits)
+    if street is not _NO_STREET:
         for rx, start in zip(
             _ADDRESS_CASELESS if caseless else _ADDRESS_CASED, street, strict=True
         ):
@@ -800,20 +891,29 @@ def detect(text: str) -> list[Detection]:
 
     if not found:
         return []
+    if (apart := _apart(found)) is not None:
+        return [Detection(s, e, ent, text[s:e]) for s, e, ent in apart if ent != "_BLOCK"]
     found.sort(key=lambda d: (PRIORITY[d[2]], d[0] - d[1], d[0]))
     taken: list[tuple[int, int]] = []
     out = []
     for s, e, ent in found:
-        if s >= e or any(s < te and ts < e for ts, te in taken):
+        if s >= e:
             continue
-        taken.append((s, e))
-        if ent != "_BLOCK":
-            out.append((s, e, ent))
+        for ts, te in taken:
+            if s < te and ts < e:  # overlaps a span taken before
+                break
+        else:
+            taken.append((s, e))
+            if ent != "_BLOCK":
+                out.append((s, e, ent))
     # Sorted as tuples: the spans do not overlap, so this is the order of the Detections.
     return [Detection(s, e, ent, text[s:e]) for s, e, ent in sorted(out)]
 
 
 # --------------------------------------------------------------------------- masking
+
+
+_LEADING_TITLE_RE = re.compile(rf"^(?i:{_TITLES})\s+")
 
 
 def canonical(entity: str, value: str) -> str:
@@ -829,7 +929,7 @@ def canonical(entity: str, value: str) -> str:
         except ValueError:
             return value
     if entity == "PERSON":
-        value = re.sub(rf"^(?i:{_TITLES})\s+", "", value)
+        value = _LEADING_TITLE_RE.sub("", value)
     return " ".join(value.casefold().split())
 
 

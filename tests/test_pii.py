@@ -201,14 +201,18 @@ _CRAFTED = [
     "ssn 123-45-6789, id 11010519491231002X, ip 10.0.0.1 and 2001:db8::1",
     "Thanks, Anna Berg \u017f", "my name is Ann\u0131 Lee", "\u0130mpasse Lepic",
     "Anna Berg \u017fpeaking", "12 \u212aing Street", "Ren\u00e9e M\u00fcller here, 12 Rue Lepic",
+    "Hauptstr.   5, Am Ring 3 and Lindenallee\t12", "Regards, The Anna Berg, Jr. here",
+    "mail\tjo@example.com, (ann@b.org) or @ x+y@z.co", "Thanks, Tel The Anna",
+    "Where is it? Anna Berg, Mary Ann Johnson and Ann Lee Smith paid me.",
 ]  # fmt: skip
 
 
 def test_gates_never_change_a_detection(sample, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The cheap gates in front of the patterns only skip work, and the anchored searches
-    (cue and run starts, number hints and zones) find what a search finds: with every gate
-    open, every builder message and crafted text (as written, lower- and upper-cased) gets
-    the same detections."""
+    """The cheap gates in front of the patterns only skip work, the anchored searches (cue
+    starts, number hints and zones, street starts, the e-mail start) find what a search
+    finds, and the shortcuts (no overlap to resolve, nothing to trim) give what the full
+    work gives: with every gate open, every builder message and crafted text (as written,
+    lower- and upper-cased) gets the same detections."""
     _, texts = sample
     base = list(texts.values())[:3000] + _CRAFTED
     variants = [v for t in base for v in (t, t.lower(), t.upper())]
@@ -216,12 +220,85 @@ def test_gates_never_change_a_detection(sample, monkeypatch: pytest.MonkeyPatch)
     assert sum(not pii.detect(t) for t in _CRAFTED) <= 2  # the crafted texts hold PII
     monkeypatch.setattr(pii, "_may_hold_cased_name", lambda text, low: True)
     monkeypatch.setattr(pii, "_cue_starts", lambda scan, low, caseless: None)
-    monkeypatch.setattr(pii, "_run_starts", lambda text: None)
-    monkeypatch.setattr(pii, "_street_starts", lambda text, low, caseless: (0, 0, 0, 0))
+    monkeypatch.setattr(pii, "_street_starts", lambda text, low, caseless, digits: (0, 0, 0, 0))
     monkeypatch.setattr(pii, "_matches", lambda rx, text, zone: rx.finditer(text))
+    monkeypatch.setattr(pii, "_email_from", lambda text: 0)
+    monkeypatch.setattr(pii, "_apart", lambda found: None)
+    monkeypatch.setattr(pii, "_keeps_all", lambda s: False)
     open_ = [pii.detect(v) for v in variants]
     assert sum(map(bool, open_)) > 1000  # the sample does exercise the detectors
     assert [i for i, (a, b) in enumerate(zip(gated, open_, strict=True)) if a != b] == []
+
+
+def _plain(pattern: str) -> str:
+    """A pattern with its possessive runs made greedy again."""
+    return pattern.replace("++", "+").replace("*+", "*")
+
+
+def test_rewritten_patterns_match_as_their_plain_forms(sample) -> None:
+    # Written capital first, with possessive runs and alternatives grouped by first letter
+    # (all to let re skip work), the patterns match as in their plain form.
+    up, lo = "A-ZÀ-ÖØ-Þ", "a-zß-öø-ÿ"
+    tok = rf"(?:[{up}][{lo}]?['’]?)?[{up}][{lo}'’]+"
+    name_tok = rf"{tok}(?:-{tok})?"
+    plain = {
+        pii._RUN_RE: re.compile(rf"(?<![\w'’-]){name_tok}(?:\s+{name_tok})+(?![\w'’-])"),
+        pii._CAP_AFTER_SPACE_RE: re.compile(r"(?<=\s)[A-ZÀ-ÖØ-Þ][\w'’-]*"),
+        **{rx: re.compile(_plain(rx.pattern)) for rx in (
+            pii._CUED_CASED_RE, pii._CUED_CASELESS_RE, *pii._ADDRESS_CASED,
+            *pii._ADDRESS_CASELESS,
+        )},
+    }  # fmt: skip
+    titles = "Mr|Mrs|Ms|Miss|Mx|Dr|Prof|Sir|Madam|Mme|Mlle|Herr|Frau|Sr|Sra"
+    streets = "|".join(map(re.escape, sorted(pii._EN_STREET, key=len, reverse=True)))
+    for grouped, alternation in (
+        (pii._TITLES, rf"(?:{titles})\.?"),
+        (pii._SUFFIX_EN, f"(?i:{streets})"),
+        (pii._DE_END, "(?i:" + "|".join(map(re.escape, pii._DE_SUFFIX)) + ")"),
+    ):
+        plain[re.compile(rf"(?<!\w){grouped}(?!\w)")] = re.compile(rf"(?<!\w){alternation}(?!\w)")
+    _, texts = sample
+    words = " ".join([*pii._EN_STREET, *pii._DE_SUFFIX, *titles.split("|"), "\u017ft K\u212ay"])
+    probes = [*list(texts.values())[:2000], *_CRAFTED, words, words.title(), words.upper()]
+    for rx, ref in plain.items():
+        for t in probes:
+            for v in (t, t.lower(), t.upper()):
+                got = [(m.span(), m.lastgroup) for m in rx.finditer(v)]
+                assert got == [(m.span(), m.lastgroup) for m in ref.finditer(v)], (rx.pattern, v)
+
+
+def _iban_read(text: str, i: int, need: int) -> int | None:
+    # The character loop the per-length patterns replace: ``need`` letters and digits from
+    # ``i``, single spaces only after a group of four, then no letter or digit.
+    got = 0
+    while i < len(text) and got < need:
+        ch = text[i]
+        if ch.isascii() and ch.isalnum():
+            got += 1
+        elif not (ch == " " and got % 4 == 0 and got and i + 1 < len(text) and text[i + 1] != " "):
+            break
+        i += 1
+    at_end = not (i < len(text) and text[i].isascii() and text[i].isalnum())
+    return i if got == need and at_end else None
+
+
+@pytest.mark.parametrize("text", [
+    "GB82 WEST 1234 5698 7654 32", "GB82WEST12345698765432", "GB82 WEST 1234 5698 7654 32.",
+    "GB82  WEST 1234 5698 7654 32", "GB82 WEST 1234 5698 7654 32X", "GB82 WEST 1234 5698 765 432",
+    "NL92 NSCM 0401 2071 03 ", "NL92 NSCM 0401 2071 0", "NO93 8601 1117 947", "NO93 8601 1117 9471",
+    "DE89 3704 0044 0532 0130 00 and more", "de89 3704 0044 0532 0130 00\u00e9", "GB82 ",
+])  # fmt: skip
+def test_iban_patterns_read_as_the_character_loop(text: str) -> None:
+    for need, rx in pii._IBAN_READ_RES.items():
+        m = rx.match(text)
+        assert (m.end() if m else None) == _iban_read(text, 0, need), (need, text)
+
+
+@pytest.mark.parametrize("text", ["", "123 !", "ABC 12", "abc", "Abc", "ABC def", "a1B", "I'M OK"])
+def test_case_forms_of_ascii_text_agree_with_the_character_loop(text: str) -> None:
+    caseless, scan, low = pii._case_forms(text)
+    assert caseless == pii._is_caseless(text)
+    assert (scan, low) == ((text.lower(), text.lower()) if caseless else (text, text.lower()))
 
 
 def test_iban_shapes_start_where_ibans_do(sample) -> None:
