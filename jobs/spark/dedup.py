@@ -320,8 +320,8 @@ def dedup_frames(spark: SparkSession, kept: DataFrame, cfg: DedupConfig) -> dict
         .drop("first_id")
     )
     # Evenly sized partitions, a multiple of the cores, for the MinHash UDF and the LSH
-    # stages after it: the input's file splits (3 on 2 cores at 1M rows) left one core
-    # idle for a third of each stage. Only the narrow key columns are shuffled.
+    # stages after it, whatever parts the input came in (one file for a small input; 3
+    # parts on 2 cores left one core idle a third of each stage). Only narrow columns move.
     exact_survivors = (
         rows.where(F.col("record_id") == F.col("esurv"))
         .select("record_id", "key", "created_at")
