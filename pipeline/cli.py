@@ -9,6 +9,7 @@
     intentops summary [--run-id RUN]                          # per-stage summary
     intentops evaluate --run-id RUN --ground-truth DIR        # score against ground truth
     intentops leak-scan --ground-truth DIR var/lake/desensitize ...   # find planted PII
+    intentops pii detect [--mask] < sample.txt                # PII spans (JSON) per line
     intentops up | down | services                            # the local services (make up/down)
 
 Stages run in-process on a local Spark session (``spark.master``); the DAG runs the same
@@ -19,9 +20,12 @@ code through spark-submit. Every stage command takes ``--config FILE`` and repea
 from __future__ import annotations
 
 import argparse
+import bisect
 import logging
 import sys
 import time
+import unicodedata
+from collections.abc import Callable
 
 from pipeline.stage import StageError
 
@@ -73,6 +77,18 @@ def main(argv: list[str] | None = None) -> int:
     ls = sub.add_parser("leak-scan", help="search folders for planted personal data")
     ls.add_argument("--ground-truth", required=True, help="the builder's ground_truth/ folder")
     ls.add_argument("paths", nargs="+", help="folders or files to scan")
+    pii_p = sub.add_parser("pii", help="PII detection on text you give it (see `pii detect --help`)")
+    pii_sub = pii_p.add_subparsers(dest="action", required=True)
+    pd_ = pii_sub.add_parser(
+        "detect",
+        help="print the PII spans found in each line of stdin",
+        description=_PII_DETECT_HELP,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    pd_.add_argument(
+        "--mask", action="store_true", help="print each line masked (<CARD>, <EMAIL>, ...) instead"
+    )
+    pd_.set_defaults(cmd="pii-detect")
     s = sub.add_parser("summary", help="print a run's per-stage summary")
     s.add_argument("--run-id", help="default: the latest finished run")
     s.add_argument("--config", help="YAML config file")
@@ -100,6 +116,149 @@ def main(argv: list[str] | None = None) -> int:
             raise
         print(f"GATE FAILED: {exc}", file=sys.stderr)
         return 3
+
+
+_PII_DETECT_HELP = """\
+Find personal data in text, one text per line: run it on a sample of your own export
+before the pipeline to see what would be masked.
+
+Reads UTF-8 text on stdin, one text per line (lines end at "\\n" only), and writes one
+JSON object per input line, in order:
+
+    {"spans": [{"type": "CARD", "start": 11, "end": 30, "source": "card-pattern+luhn"}]}
+
+type is one of PERSON, ADDRESS, EMAIL, PHONE, CARD, IBAN, US_SSN, PRC_ID, IP_ADDRESS;
+start/end are code-point offsets into that input line (end exclusive); source is the rule
+or model that found the span. The values themselves are never printed. A line that is
+not valid UTF-8 gives {"spans": [], "error": "invalid UTF-8 at byte N"}.
+
+With --mask, each line is printed with its spans replaced (<CARD>, <EMAIL>, ...), in the
+NFKC-normalized form the pipeline masks.
+
+    intentops pii detect < sample.txt
+    head -n 1000 export.txt | intentops pii detect --mask
+"""
+
+
+def nfkc_map(text: str) -> tuple[str, Callable[[int, int], tuple[int, int]]]:
+    """``text`` NFKC-normalized, and a function from a span ``(start, end)`` of the
+    normalized text to the span of ``text`` it came from (code points, end exclusive).
+
+    ``text`` is cut into pieces that normalize on their own: a character, or a character
+    with what normalization joins to it (combining marks, Hangul jamo, ...). A span's start
+    goes to the start of the piece whose output holds it, its end to the end of the piece
+    whose output holds ``end - 1``. So "ﬁ" (one character, "fi" normalized) maps back
+    whole, and a full-width digit to itself.
+    """
+    norm = unicodedata.normalize("NFKC", text)
+    pieces: list[tuple[int, tuple[int, int]]] = []  # (where its output starts, (start, end))
+    for fine in (True, False):
+        pieces, outs, pos = [], [], 0
+        for s, e in _nfkc_pieces(text, fine):
+            outs.append(unicodedata.normalize("NFKC", text[s:e]))
+            pieces.append((pos, (s, e)))
+            pos += len(outs[-1])
+        if "".join(outs) == norm:  # the cut is exact (always so with fine=False)
+            break
+    else:  # not reached
+        pieces = []
+    if not pieces:  # empty text (or no exact cut): one piece
+        pieces = [(0, (0, len(text)))]
+    keys = [k for k, _ in pieces]
+
+    def to_original(start: int, end: int) -> tuple[int, int]:
+        first = pieces[max(bisect.bisect_right(keys, start) - 1, 0)][1]
+        last = pieces[max(bisect.bisect_right(keys, max(end - 1, start)) - 1, 0)][1]
+        return first[0], last[1]
+
+    return norm, to_original
+
+
+def _nfkc_pieces(text: str, fine: bool) -> list[tuple[int, int]]:
+    """Cut ``text`` into pieces that should normalize independently (see ``nfkc_map``).
+
+    ``fine``: a cut before every starter that normalization does not join to the piece
+    before it (checked on at most the piece's last 32 characters; ``nfkc_map`` checks the
+    whole). Otherwise cut only before ASCII characters: nothing composes with a following
+    ASCII character and nothing is reordered across one, so those cuts are always exact.
+    """
+    if not text:
+        return []
+    bounds = [0]
+    start = 0
+    for i in range(1, len(text)):
+        c = text[i]
+        if c < "\x80":
+            bounds.append(i)
+            start = i
+        # A combining mark (or a character that decomposes into them) stays with its base.
+        elif fine and not unicodedata.combining(unicodedata.normalize("NFKD", c)[0]):
+            seg = text[max(start, i - 32) : i]
+            if unicodedata.normalize("NFKC", seg + c) == unicodedata.normalize(
+                "NFKC", seg
+            ) + unicodedata.normalize("NFKC", c):
+                bounds.append(i)
+                start = i
+    bounds.append(len(text))
+    return list(zip(bounds, bounds[1:], strict=False))
+
+
+def pii_spans(line: str) -> list[dict]:
+    """The PII spans of one line, offsets into ``line``; never the values themselves."""
+    from pipeline import pii
+
+    if unicodedata.is_normalized("NFKC", line):
+        norm, to_original = line, None
+    else:
+        norm, to_original = nfkc_map(line)
+    spans = []
+    for d in pii.detect(norm):
+        start, end = to_original(d.start, d.end) if to_original else (d.start, d.end)
+        spans.append({"type": d.entity, "start": start, "end": end, "source": d.source})
+    spans.sort(key=lambda sp: (sp["start"], sp["end"]))
+    return spans
+
+
+def _pii_detect(stdin, stdout, stderr, mask: bool = False) -> int:
+    """``intentops pii detect``: stdin bytes in, one JSON object (or masked line) per line."""
+    import json
+
+    from pipeline import pii
+
+    try:
+        for n, raw in enumerate(stdin, 1):
+            chunk = raw[:-1] if raw.endswith(b"\n") else raw
+            if chunk.endswith(b"\r"):
+                chunk = chunk[:-1]
+            try:
+                line = chunk.decode("utf-8", errors="strict")
+            except UnicodeDecodeError as exc:
+                if mask:
+                    stdout.write(b"\n")
+                    print(f"line {n}: invalid UTF-8", file=stderr)
+                else:
+                    obj = {"spans": [], "error": f"invalid UTF-8 at byte {exc.start}"}
+                    stdout.write(json.dumps(obj, ensure_ascii=False).encode() + b"\n")
+                continue
+            try:
+                if mask:
+                    out = pii.mask(line)[0]
+                else:
+                    out = json.dumps({"spans": pii_spans(line)}, ensure_ascii=False)
+            except Exception as exc:  # one bad line must not stop the rest
+                name = type(exc).__name__
+                if mask:
+                    out = ""
+                    print(f"line {n}: {name}", file=stderr)
+                else:
+                    out = json.dumps({"spans": [], "error": name}, ensure_ascii=False)
+            stdout.write(out.encode("utf-8", errors="surrogatepass") + b"\n")
+        stdout.flush()
+    except BrokenPipeError:  # e.g. `| head`: the reader is gone, which is not an error
+        import os
+
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    return 0
 
 
 def _deploy(args: argparse.Namespace) -> int:
@@ -131,6 +290,9 @@ def _deploy(args: argparse.Namespace) -> int:
 
 
 def _dispatch(args: argparse.Namespace) -> int:
+    if args.cmd == "pii-detect":
+        return _pii_detect(sys.stdin.buffer, sys.stdout.buffer, sys.stderr, mask=args.mask)
+
     from pipeline import runs
 
     if args.cmd in ("up", "down", "services"):

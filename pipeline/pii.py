@@ -45,6 +45,7 @@ from typing import TYPE_CHECKING
 import ahocorasick
 
 from pipeline import checksums as ck
+from pipeline.pii_phones import card_spans, phone_spans
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterable, Iterator
@@ -91,6 +92,22 @@ class Detection:
     end: int
     entity: str
     value: str
+    source: str = ""  # the rule or model that found it (see SOURCES)
+
+
+# What finds each type, unless a detection names another source ("PERSON~name-model"
+# inside detect): the pattern, and the check that keeps it.
+SOURCES = {
+    "EMAIL": "email-pattern", "IBAN": "iban-pattern+mod97", "PRC_ID": "prc-id-pattern+check",
+    "CARD": "card-pattern+luhn", "US_SSN": "ssn-pattern+ssa-rules",
+    "IP_ADDRESS": "ip-pattern+parse", "PHONE": "phone-pattern", "ADDRESS": "address-pattern",
+    "PERSON": "name-cue-rules",
+}  # fmt: skip
+
+
+def _detection(text: str, s: int, e: int, ent: str) -> Detection:
+    entity, _, source = ent.partition("~")
+    return Detection(s, e, entity, text[s:e], source or SOURCES[entity])
 
 
 def _lower_is_ignorecase(text: str) -> bool:
@@ -838,6 +855,46 @@ def _case_forms(text: str) -> tuple[bool, str, str]:
     return caseless, scan, scan if caseless else text.lower()
 
 
+def rule_name_spans(text: str) -> tuple[bool, list[tuple[int, int]]]:
+    """Whether ``text`` is without case, and the spans the cue rules take for names (a
+    feature of the name model, see ``pipeline.pii_model``)."""
+    caseless, scan, low = _case_forms(text)
+    if not (caseless or _may_hold_cased_name(text, low)):
+        return caseless, []
+    return caseless, _names(scan, caseless, _cue_starts(scan, low, caseless))
+
+
+def _address_rules(
+    text: str, scan: str, low: str, caseless: bool, digits: tuple[int, int] | None
+) -> list[tuple[int, int]]:
+    """The spans the address patterns match (a feature of the address model)."""
+    street = _street_starts(text, low, caseless, digits)
+    if street is _NO_STREET:
+        return []
+    out = []
+    for rx, start in zip(_ADDRESS_CASELESS if caseless else _ADDRESS_CASED, street, strict=True):
+        if start is not None:
+            out += [
+                m.span()
+                for m in rx.finditer(scan, start)
+                if not caseless or not _STOP_LOWER.intersection(m.group().split())
+            ]
+    return out
+
+
+def rule_address_spans(text: str) -> list[tuple[int, int]]:
+    """The spans the address patterns match in ``text`` (for training the address model)."""
+    caseless, scan, low = _case_forms(text)
+    return _address_rules(text, scan, low, caseless, (0, len(text)))
+
+
+@functools.cache
+def _token_model(kind: str):
+    from pipeline.pii_model import TokenModel
+
+    return TokenModel.load(kind=kind)
+
+
 def detect(text: str) -> list[Detection]:
     """All PII in ``text``, non-overlapping, in order of position."""
     if not text:
@@ -870,30 +927,33 @@ def detect(text: str) -> list[Detection]:
                         found.append((*m.span(), entity))
         if n_digits >= 9:
             found += _phone_spans(text, zone, n_digits)
+        if n_digits >= 7:  # national formats, checked by libphonenumber (pii_phones)
+            found += [(s, e, "PHONE~phone-shapes+libphonenumber") for s, e in phone_spans(text)]
+        if n_digits >= 12:  # 12-digit Maestro numbers and cards in any grouping
+            found += [(s, e, "CARD~card-pattern+luhn+iin") for s, e in card_spans(text)]
     if text.count(":") >= 2:  # IPv6 needs no digit
         found += _valid(_IPV6_RE, "IP_ADDRESS", _ip_ok, text, (0, len(text)))
     caseless, scan, low = _case_forms(text)
-    street = _street_starts(text, low, caseless, digits)
-    if street is not _NO_STREET:
-        for rx, start in zip(
-            _ADDRESS_CASELESS if caseless else _ADDRESS_CASED, street, strict=True
-        ):
-            if start is not None:
-                found += [
-                    (*m.span(), "ADDRESS")
-                    for m in rx.finditer(scan, start)
-                    if not caseless or not _STOP_LOWER.intersection(m.group().split())
-                ]
-    if caseless or _may_hold_cased_name(text, low):
+    if digits is not None:  # every address the model finds has a number
+        rules = _address_rules(text, scan, low, caseless, digits)
         found += [
-            (s, e, "PERSON") for s, e in _names(scan, caseless, _cue_starts(scan, low, caseless))
+            (s, e, "ADDRESS~address-model")
+            for s, e in _token_model("ADDRESS").spans(text, caseless, rules)
         ]
+    rules = (
+        _names(scan, caseless, _cue_starts(scan, low, caseless))
+        if caseless or _may_hold_cased_name(text, low)
+        else []
+    )
+    found += [
+        (s, e, "PERSON~name-model") for s, e in _token_model("PERSON").spans(text, caseless, rules)
+    ]
 
     if not found:
         return []
     if (apart := _apart(found)) is not None:
-        return [Detection(s, e, ent, text[s:e]) for s, e, ent in apart if ent != "_BLOCK"]
-    found.sort(key=lambda d: (PRIORITY[d[2]], d[0] - d[1], d[0]))
+        return [_detection(text, s, e, ent) for s, e, ent in apart if ent != "_BLOCK"]
+    found.sort(key=lambda d: (PRIORITY[d[2].partition("~")[0]], d[0] - d[1], d[0]))
     taken: list[tuple[int, int]] = []
     out = []
     for s, e, ent in found:
@@ -907,7 +967,7 @@ def detect(text: str) -> list[Detection]:
             if ent != "_BLOCK":
                 out.append((s, e, ent))
     # Sorted as tuples: the spans do not overlap, so this is the order of the Detections.
-    return [Detection(s, e, ent, text[s:e]) for s, e, ent in sorted(out)]
+    return [_detection(text, s, e, ent) for s, e, ent in sorted(out)]
 
 
 # --------------------------------------------------------------------------- masking

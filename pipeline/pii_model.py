@@ -1,0 +1,453 @@
+"""The learned part of PERSON detection: a logistic token model over a name-frequency prior.
+
+What: ``name_spans(text, caseless, rule_spans)`` returns the person names in one message,
+each with the component that found it. Every word is scored on its own and in its context
+by a logistic regression whose features are
+
+* how much of a name the word is: its best rank as a first and as a last name in any
+  country (names-dataset), and how common it is as an English word (wordfreq), read from
+  the trimmed table ``pii_data/names.tsv.gz`` (``tools/pii_tables.py`` builds it; the
+  packages themselves hold 3 GB per process);
+* its shape in text with case (capitalized, upper, lower, an initial; sentence start);
+* the words around it ("call me ___", "___'s account", "text ___ the code") and how
+  name-like its neighbours are;
+* whether the cue rules of ``pipeline.pii`` ("my name is", "regards,", titles) cover it.
+
+Adjacent name words make one span ("anna kowalski", "Francesca J Freeman").
+
+Why this and not the rules alone: cue rules miss names after the hundreds of ways people
+introduce themselves ("i go by brad", "send $20 to steve's account") and mask the common
+words that follow a cue ("signed up", "thanks, bye"); a prior of how often a word is a
+name against how often it is an English word separates "liisa" from "kindly". Why not an
+NER model: none installs offline here (spaCy and Hugging Face models download at run
+time), and a transformer per message would cost 100x the rest of the detector.
+
+The weights (``pii_data/name_model.json.gz``) are trained by ``tools/pii_name_model.py``
+on the tuned halves of the evaluation sets, the raw-data builder's output and Banking77's
+training messages (as negatives); the held-back halves were never used.
+
+Each message is scored alone (no batch statistics), so its result does not depend on the
+messages beside it.
+"""
+
+from __future__ import annotations
+
+import functools
+import gzip
+import json
+import math
+import re
+import unicodedata
+from pathlib import Path
+
+DATA = Path(__file__).resolve().parent / "pii_data"
+TABLE = DATA / "names.tsv.gz"
+MODEL = DATA / "token_models.json.gz"
+
+# A word (letters, inner apostrophes and hyphens: o'neill, jean-luc), a number, or one
+# other non-space character.
+_WORD = r"[^\W\d_]+(?:['’][^\W\d_]+)*(?:-[^\W\d_]+)*"
+_TOKEN_RE = re.compile(rf"{_WORD}|\d+|[^\w\s]")
+_WORD_RE = re.compile(_WORD)  # the words of _TOKEN_RE, as findall finds them
+_SHORT_NUMBER_RE = re.compile(r"(?<!\d)\d{1,6}(?!\d)")
+_POSSESSIVE = ("'s", "’s")
+_SENT_END = frozenset(".!?;\n")
+_LIST_JOINS = frozenset((",", "and", "or", "&", "/"))
+
+
+@functools.cache
+def table() -> dict[str, tuple[int, int, float]]:
+    """token -> (best first-name rank, best last-name rank, English Zipf frequency)."""
+    out = {}
+    with gzip.open(TABLE, "rt", encoding="utf-8") as f:
+        for line in f:
+            if line.startswith("#") or line.startswith("token\t"):
+                continue
+            tok, fr, lr, z = line.rstrip("\n").split("\t")
+            out[tok] = (int(fr), int(lr), float(z))
+    return out
+
+
+def _rank_bucket(r: int) -> str:
+    if not r:
+        return "0"
+    return "a" if r <= 10 else "b" if r <= 50 else "c" if r <= 200 else "d" if r <= 1000 else "e"
+
+
+def _fold(low: str) -> str:
+    if low.isascii():
+        return low
+    return unicodedata.normalize("NFKD", low).encode("ascii", "ignore").decode()
+
+
+@functools.lru_cache(maxsize=65536)
+def word_class(low: str) -> tuple[str, str, str]:
+    """(first-rank bucket, last-rank bucket, Zipf bucket) of a lower-cased word; the Zipf
+    bucket is "u" for a word the table does not hold."""
+    t = table()
+    hit = t.get(low) or t.get(_fold(low))
+    if hit is None:
+        return "0", "0", "u"
+    fr, lr, z = hit
+    return _rank_bucket(fr), _rank_bucket(lr), str(min(int(z * 2), 14))
+
+
+def _shape(tok: str, caseless: bool) -> str:
+    if caseless:
+        return "n"
+    if len(tok) == 1:
+        return "I" if tok.isupper() else "x"
+    if tok.isupper():
+        return "U"
+    if tok[0].isupper():
+        return "C"
+    return "l" if tok.islower() else "m"
+
+
+def _ctx(tok: str | None) -> str:
+    if tok is None:
+        return "^"
+    if tok[0].isdigit():
+        return "0"
+    return tok.lower()
+
+
+def tokenize(text: str) -> list[tuple[int, int, str]]:
+    """(start, end, token); a possessive "'s" is split off its word."""
+    out = []
+    for m in _TOKEN_RE.finditer(text):
+        s, e, tok = m.start(), m.end(), m.group()
+        if len(tok) > 3 and tok[-2:].lower() in _POSSESSIVE:
+            out.append((s, e - 2, tok[:-2]))
+            out.append((e - 2, e, "'s"))
+        else:
+            out.append((s, e, tok))
+    return out
+
+
+@functools.lru_cache(maxsize=131072)
+def person_own(tok: str, caseless: bool, bos: bool) -> tuple[str, ...]:
+    """The PERSON features of a word by itself (cached: words repeat)."""
+    low = tok.lower()
+    fb, lb, zb = word_class(low)
+    sh = _shape(tok, caseless)
+    own = (
+        f"f:{fb}", f"l:{lb}", f"z:{zb}", f"fz:{fb}{zb}", f"lz:{lb}{zb}", f"fl:{fb}{lb}",
+        f"s:{sh}", f"sz:{sh}{zb}", f"sf:{sh}{fb}", f"sl:{sh}{lb}", f"b:{sh}{int(bos)}",
+        f"sfz:{sh}{fb}{zb}", f"slz:{sh}{lb}{zb}", f"sfl:{sh}{fb}{lb}",
+        f"len:{min(len(tok), 9)}",
+    )  # fmt: skip
+    if zb in ("u", "0", "1", "2", "3", "4", "5"):
+        own += (f"suf:{low[-3:]}",)
+    return own
+
+
+@functools.lru_cache(maxsize=131072)
+def person_candidate(low: str) -> bool:
+    """Whether the PERSON model scores a word at all: not a common English word (Zipf
+    under 5: "card", "the", "transfer" are out), unless it is a common first or last name
+    somewhere (best rank 200 or better: "will", "mark", "green"). Training sees the same
+    words."""
+    if "'" in low or "’" in low:  # "didn't", "i'm", "you're": contractions are no names
+        tail = low.replace("’", "'").rsplit("'", 1)[1]
+        if tail in ("t", "m", "ve", "d", "ll", "re", "s"):
+            return False
+    fb, lb, zb = word_class(low)
+    return zb == "u" or int(zb) < 10 or fb in ("a", "b", "c") or lb in ("a", "b", "c")
+
+
+def token_features(
+    toks: list[tuple[int, int, str]], i: int, caseless: bool, in_rule: bool
+) -> tuple[tuple[str, ...], list[str]]:
+    """(the word's own features, its context features) for token ``i``."""
+    return person_own_at(toks, i, caseless), person_context(toks, i, caseless, in_rule)
+
+
+def person_own_at(toks: list[tuple[int, int, str]], i: int, caseless: bool) -> tuple[str, ...]:
+    prev = toks[i - 1][2] if i else None
+    return person_own(toks[i][2], caseless, prev is None or prev in _SENT_END)
+
+
+def person_context(
+    toks: list[tuple[int, int, str]], i: int, caseless: bool, in_rule: bool
+) -> list[str]:
+    tok = toks[i][2]
+    prev = toks[i - 1][2] if i else None
+    sh = _shape(tok, caseless)
+    p1 = _ctx(prev)
+    p2 = _ctx(toks[i - 2][2]) if i > 1 else "^"
+    nxt = toks[i + 1][2] if i + 1 < len(toks) else None
+    n1 = _ctx(nxt) if nxt is not None else "$"
+    n2 = _ctx(toks[i + 2][2]) if i + 2 < len(toks) else "$"
+    ctx = [f"p1:{p1}", f"p2:{p2} {p1}", f"n1:{n1}", f"n2:{n1} {n2}"]
+    if prev is not None and prev[0].isalpha():
+        pf, pl, pz = word_class(prev.lower())
+        ctx.append(f"pn:{pf}{pl}{pz}{_shape(prev, caseless)}{sh}")
+    if nxt is not None and nxt[0].isalpha() and nxt != "'s":
+        nf, nl, nz = word_class(nxt.lower())
+        ctx.append(f"nn:{nf}{nl}{nz}{_shape(nxt, caseless)}{sh}")
+    # Lists ("reid, fletcher and smith"): the word across a comma or "and".
+    if p1 in _LIST_JOINS and i > 1 and toks[i - 2][2][0].isalpha():
+        ctx.append(f"pl:{''.join(word_class(toks[i - 2][2].lower()))}{sh}")
+    if n1 in _LIST_JOINS and i + 2 < len(toks) and toks[i + 2][2][0].isalpha():
+        ctx.append(f"nl:{''.join(word_class(toks[i + 2][2].lower()))}{sh}")
+    if in_rule:
+        ctx.append(f"r:{sh}")
+    return ctx
+
+
+# Street words of many languages: the detector's English, French and German lists (read
+# from pipeline.pii) and the commonest street types elsewhere in Europe and Latin America;
+# a feature, not a rule (the model learns how much each is worth).
+_STREET_EXTRA = """
+via viale vicolo piazza piazzale corso largo strada rua avenida avda av travessa largo
+praça praca calle carrer carretera ctra paseo plaza camino ronda ul ulica aleja al
+út utca ut krt tér ter gatan gata vägen väg vag gränd gade vej veien vei gate gt plass
+straat laan weg plein gracht dreef kade katu tie kuja polku cesta ulice trg namesti
+náměstí třída trida nábřeží box po pmb psc unit apo fpo dpo usns usnv uss
+"""
+
+
+@functools.cache
+def street_words() -> frozenset[str]:
+    from pipeline import pii
+
+    words = set(pii._EN_STREET) | {w.rstrip(".") for w in pii._FR_VOIE}
+    words |= {w.rstrip(".") for w in pii._DE_SUFFIX} | set(_STREET_EXTRA.split())
+    words |= {"flat", "apt", "apartment", "suite", "ste", "unit", "studio", "room", "floor"}
+    return frozenset(words)
+
+
+def _ashape(tok: str, caseless: bool) -> str:
+    if tok.isdigit():
+        if len(tok) == 4 and tok[:2] in ("19", "20"):
+            return "Y"  # a year, or a house number that looks like one
+        return f"D{min(len(tok), 6)}"
+    if tok[0].isdigit() or (tok[0].isalpha() and any(c.isdigit() for c in tok)):
+        return "A"
+    if not tok[0].isalpha():
+        return tok[0]
+    return _shape(tok, caseless)
+
+
+@functools.lru_cache(maxsize=131072)
+def address_own(tok: str, caseless: bool) -> tuple[str, ...]:
+    """The ADDRESS features of a token by itself (cached: tokens repeat)."""
+    low = tok.lower()
+    sh = _ashape(tok, caseless)
+    own: tuple[str, ...] = (f"as:{sh}", f"w:{low}" if not tok[0].isdigit() else f"w:{sh}")
+    if tok[0].isalpha():
+        _fb, _lb, zb = word_class(low)
+        own += (f"z:{zb}", f"suf:{low[-3:]}", f"suf4:{low[-4:]}", f"szb:{sh}{zb}")
+        sw = street_words()
+        if low.rstrip(".") in sw or _fold(low) in sw:
+            own += ("st",)
+    return own
+
+
+def address_features(
+    toks: list[tuple[int, int, str]], i: int, caseless: bool, in_rule: bool, text: str
+) -> tuple[tuple[str, ...], list[str]]:
+    """(own, context) features of token ``i`` for the ADDRESS model."""
+    return address_own(toks[i][2], caseless), address_context(toks, i, caseless, in_rule, text)
+
+
+def address_context(
+    toks: list[tuple[int, int, str]], i: int, caseless: bool, in_rule: bool, text: str
+) -> list[str]:
+    tok = toks[i][2]
+    sw = street_words()
+    sh = _ashape(tok, caseless)
+    ctx = []
+    for d, name in ((-2, "p2"), (-1, "p1"), (1, "n1"), (2, "n2")):
+        j = i + d
+        if 0 <= j < len(toks):
+            t = toks[j][2]
+            ctx.append(f"{name}:{_ashape(t, caseless) if t[0].isdigit() else t.lower()}")
+            ctx.append(f"{name}s:{_ashape(t, caseless)}{sh}")
+        else:
+            ctx.append(f"{name}:^" if d < 0 else f"{name}:$")
+    near_digit = near_street = 9
+    for j in range(max(i - 4, 0), min(i + 5, len(toks))):
+        t = toks[j][2]
+        if t[0].isdigit():
+            near_digit = min(near_digit, abs(j - i))
+        elif t.lower().rstrip(".") in sw:
+            near_street = min(near_street, abs(j - i))
+    ctx += [f"dn:{near_digit}{sh}", f"sn:{near_street}{sh}", f"ds:{min(near_digit, 5)}{min(near_street, 5)}"]
+    if i and "\n" in text[toks[i - 1][1] : toks[i][0]]:
+        ctx.append("nl")
+    if in_rule:
+        ctx.append(f"r:{sh}")
+    return ctx
+
+
+def candidates(toks: list[tuple[int, int, str]], kind: str) -> list[int]:
+    """The tokens a model scores; all others are not of its type. PERSON: words that pass
+    ``person_candidate``. ADDRESS: tokens at most 3 tokens away from a number of 1 to 6
+    digits (every address has one). Training scores the same tokens."""
+    if kind == "PERSON":
+        return [
+            i for i, (_s, _e, t) in enumerate(toks)
+            if t[0].isalpha() and t != "'s" and (person_candidate(t.lower()) or _initial(t))
+        ]  # fmt: skip
+    nums = [i for i, (_s, _e, t) in enumerate(toks) if t[0].isdigit() and len(t) <= 6]
+    if not nums:
+        return []
+    near = set()
+    for i in nums:
+        near.update(range(max(i - 3, 0), min(i + 4, len(toks))))
+    return sorted(near)
+
+
+def _initial(t: str) -> bool:
+    return len(t) == 1 and t.isupper() and t not in ("I", "A")  # "Francesca J Freeman"
+
+
+def _address_like(toks: list[str]) -> bool:
+    has_number = any(t[0].isdigit() for t in toks)
+    has_word = any(len(t) > 1 and t[0].isalpha() for t in toks)
+    return has_number and has_word
+
+
+_CTX_FAMILIES = ("p1", "p2", "n1", "n2", "pn", "nn", "pl", "nl", "r", "p1s", "p2s", "n1s",
+                 "n2s", "dn", "sn", "ds")  # fmt: skip
+
+
+class TokenModel:
+    """A logistic model: the sum of the weights of a word's features, plus a bias."""
+
+    def __init__(
+        self, weights: dict[str, float], bias: float, threshold: float, join: float,
+        kind: str = "PERSON", gate: float = -math.inf,
+    ) -> None:
+        self.kind = kind
+        self.w = weights
+        self.bias = bias
+        self.threshold = threshold  # on the logit
+        self.join = join  # the logit at which a word next to a name joins it
+        # Words whose own score is under the gate are not scored in context: measured on
+        # the training tokens, the gate skips at most 1% of the words the whole model
+        # finds (see tools/pii_token_models.py).
+        self.gate = gate
+        # An upper bound of what the context features can add: a word whose own score
+        # plus this stays under the threshold is skipped without building its context.
+        fam: dict[str, float] = {}
+        for k, v in weights.items():
+            f = k.split(":", 1)[0]
+            if f in _CTX_FAMILIES:
+                fam[f] = max(fam.get(f, 0.0), v)
+        self.ctx_bound = sum(fam.values())
+        self._own: dict[tuple[str, ...], float] = {}
+        self._passes: dict[tuple[str, bool], bool] = {}
+
+    @classmethod
+    @functools.cache
+    def load(cls, path: Path = MODEL, kind: str = "PERSON") -> TokenModel:
+        with gzip.open(path, "rt", encoding="utf-8") as f:
+            d = json.load(f)[kind]
+        return cls(d["weights"], d["bias"], d["threshold"], d["join"], kind, d["gate"])
+
+    def logit(self, feats: list[str]) -> float:
+        w = self.w
+        return self.bias + sum(w.get(f, 0.0) for f in feats)
+
+    def own_score(self, own: tuple[str, ...]) -> float:
+        """The bias plus the weights of a word's own features (cached per feature set)."""
+        sc = self._own.get(own)
+        if sc is None:
+            w = self.w
+            sc = self._own[own] = self.bias + sum(w.get(f, 0.0) for f in own)
+            if len(self._own) > 200_000:
+                self._own.clear()
+        return sc
+
+    def _word_passes(self, word: str, caseless: bool) -> bool:
+        """Whether a word can pass the gate, wherever it stands (cached)."""
+        key = (word, caseless)
+        ok = self._passes.get(key)
+        if ok is None:
+            if len(word) > 3 and word[-2:].lower() in _POSSESSIVE:
+                word = word[:-2]
+            ok = (person_candidate(word.lower()) or _initial(word)) and max(
+                self.own_score(person_own(word, caseless, bos)) for bos in (False, True)
+            ) >= self.gate
+            if len(self._passes) > 200_000:
+                self._passes.clear()
+            self._passes[key] = ok
+        return ok
+
+    def may_find(self, text: str, caseless: bool) -> bool:
+        """False when no token of ``text`` can be scored over the gate: a cheaper test
+        than tokenizing, which most messages fail."""
+        if self.kind == "PERSON":
+            return any(self._word_passes(w, caseless) for w in _WORD_RE.findall(text))
+        return _SHORT_NUMBER_RE.search(text) is not None
+
+    def token_scores(
+        self, text: str, caseless: bool, rule_spans: list[tuple[int, int]]
+    ) -> list[tuple[int, int, str, float]]:
+        """(start, end, token, logit) of each candidate word (see ``candidates``)."""
+        if not self.may_find(text, caseless):
+            return []
+        toks = tokenize(text)
+        out = []
+        w = self.w
+        for i in candidates(toks, self.kind):
+            s, e, tok = toks[i]
+            person = self.kind == "PERSON"
+            own = person_own_at(toks, i, caseless) if person else address_own(tok, caseless)
+            base = self.own_score(own)
+            if base < self.gate:
+                continue
+            in_rule = any(rs <= s and e <= re_ for rs, re_ in rule_spans)
+            if person:
+                ctx = person_context(toks, i, caseless, in_rule)
+            else:
+                ctx = address_context(toks, i, caseless, in_rule, text)
+            out.append((s, e, tok, base + sum(w.get(f, 0.0) for f in ctx)))
+        return out
+
+    def spans(
+        self, text: str, caseless: bool, rule_spans: list[tuple[int, int]]
+    ) -> list[tuple[int, int]]:
+        """Name spans: runs of words over the threshold, separated by spaces only (or by
+        the period of an initial: "J. Freeman"). A word next to a name joins it at a lower
+        threshold (``join``): "Tamila Musliyevich", where the rare family name alone is
+        not convincing."""
+        scored = self.token_scores(text, caseless, rule_spans)
+        n = len(scored)
+        keep = [sc >= self.threshold for *_, sc in scored]
+
+        person = self.kind == "PERSON"
+
+        def adjacent(i: int, j: int) -> bool:
+            gap = text[scored[i][1] : scored[j][0]]
+            if person:
+                return len(gap) <= 3 and (gap.isspace() or gap in (". ", "."))
+            return not gap or gap.isspace() or (len(gap) <= 3 and not gap.strip(" ,.\n"))
+
+        changed = any(keep)
+        while changed:  # grow each run by its neighbours over the join threshold
+            changed = False
+            for i in range(n):
+                if keep[i] or scored[i][3] < self.join:
+                    continue
+                if (i > 0 and keep[i - 1] and adjacent(i - 1, i)) or (
+                    i + 1 < n and keep[i + 1] and adjacent(i, i + 1)
+                ):
+                    keep[i] = changed = True
+        runs: list[list[int]] = []
+        for i in range(n):
+            if not keep[i]:
+                continue
+            if runs and runs[-1][-1] == i - 1 and adjacent(i - 1, i):
+                runs[-1].append(i)
+            else:
+                runs.append([i])
+        if not person:  # an address has a number and a word ("12 oak st", "via roma 5")
+            runs = [r for r in runs if _address_like([scored[i][2] for i in r])]
+        return [(scored[r[0]][0], scored[r[-1]][1]) for r in runs]
+
+
+

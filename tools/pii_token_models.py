@@ -1,0 +1,210 @@
+"""Train the PERSON and ADDRESS token models of ``pipeline/pii_model.py`` and write their
+weights to ``pipeline/pii_data/token_models.json.gz``.
+
+Training data, all of it from the *tuned* side of every split (the held-back halves of
+``data/pii_eval`` are never read here):
+
+* presidio-evaluator's sentences from the tuned half of its templates
+  (``data/pii_eval/presidio_tuned.jsonl``), as written, lower-cased and upper-cased;
+* the hand-labeled casual messages of the tuned phrasings (``casual_tuned.tsv``), as
+  written and lower-cased;
+* the raw-data builder's messages with their planted names and addresses (Banking77
+  *train* messages only, so the test split stays unseen), as written and lower-cased;
+* Banking77's training messages as negatives, as written and lower-cased.
+
+A logistic regression (scikit-learn, L2) per type over the one-hot features of
+``pii_model.token_features`` / ``address_features``; a feature seen in fewer than
+``--min-groups`` templates, phrasings or messages is dropped (it could only learn those
+templates by heart). The weights are written as plain feature -> weight tables, so the
+detector needs no scikit-learn at run time. The ADDRESS model is trained on, and run on,
+messages with a digit only.
+
+    .venv/bin/python tools/pii_token_models.py              # writes the shipped weights
+    .venv/bin/python tools/pii_token_models.py --validate   # model selection, see --help
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import hashlib
+import json
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from pipeline import pii, pii_eval, pii_model  # noqa: E402
+
+KINDS = ("PERSON", "ADDRESS")
+
+
+def builder_samples(rows: int, seed: int) -> list[pii_eval.Sample]:
+    import pandas as pd
+
+    from pipeline.evaluate import locate_spans
+    from pipeline.rawdata import BuilderConfig, build_raw
+
+    with tempfile.TemporaryDirectory() as d:
+        build_raw(d, BuilderConfig(rows=rows, seed=seed, fmt="parquet", source="train"))
+        raw = pd.read_parquet(Path(d) / "raw.parquet", columns=["ticket_id", "message"])
+        spans = pd.read_parquet(Path(d) / "ground_truth" / "pii_spans.parquet")
+    truth, texts = locate_spans(raw, spans)
+    by: dict[str, list] = {}
+    for r in truth.itertuples():
+        by.setdefault(r.ticket_id, []).append(
+            (r.start, r.end, pii.BUILDER_TYPE_MAP.get(r.pii_type, r.pii_type)))
+    return [pii_eval.Sample(t, by.get(tid, []), f"builder-{tid}") for tid, t in texts.items()]
+
+
+def examples(samples: list[pii_eval.Sample], kind: str):
+    """(features, label, group) of every token the model of ``kind`` scores."""
+    for s in samples:
+        if kind == "ADDRESS" and not any(c.isdigit() for c in s.text):
+            continue
+        caseless = pii._case_forms(s.text)[0]
+        if kind == "PERSON":
+            rules = pii.rule_name_spans(s.text)[1]
+        else:
+            rules = pii.rule_address_spans(s.text)
+        toks = pii_model.tokenize(s.text)
+        gold = [(a, b) for a, b, t in s.spans if t == kind]
+        for i in pii_model.candidates(toks, kind):
+            ts, te, tok = toks[i]
+            in_rule = any(rs <= ts and te <= re_ for rs, re_ in rules)
+            if kind == "PERSON":
+                own, ctx = pii_model.token_features(toks, i, caseless, in_rule)
+            else:
+                own, ctx = pii_model.address_features(toks, i, caseless, in_rule, s.text)
+            label = int(any(a <= ts and te <= b for a, b in gold))
+            yield [*own, *ctx], label, s.group, len(own)
+
+
+def train(data: list[pii_eval.Sample], kind: str, args) -> dict:
+    from sklearn.feature_extraction import DictVectorizer
+    from sklearn.linear_model import LogisticRegression
+
+    feats, ys, own_lens = [], [], []
+    groups: dict[str, set[str]] = {}
+    for f, y, src, n_own in examples(data, kind):
+        feats.append(f)
+        own_lens.append(n_own)
+        ys.append(y)
+        for k in f:
+            groups.setdefault(k, set()).add(src)
+    keep = {k for k, g in groups.items() if len(g) >= args.min_groups}
+    vec = DictVectorizer()
+    X = vec.fit_transform([{k: 1 for k in f if k in keep} for f in feats]).tocsr()
+    X.indices = X.indices.astype("int32")
+    X.indptr = X.indptr.astype("int32")
+    clf = LogisticRegression(C=args.C, max_iter=3000, solver="liblinear")
+    clf.fit(X, ys)
+    names = vec.get_feature_names_out()
+    weights = {
+        n: round(float(w), 4) for n, w in zip(names, clf.coef_[0], strict=True) if abs(w) >= 1e-3
+    }
+    # The gate: the own score under which a word is not scored in context, so low that
+    # at most --gate-quantile of the training words the model takes (logit >= join) fall
+    # under it.
+    import numpy as np
+
+    bias = float(clf.intercept_[0])
+    full = X @ clf.coef_[0] + bias
+    own_w = {n: w for n, w in zip(names, clf.coef_[0], strict=True)}
+    own_scores = np.array([bias + sum(own_w.get(k, 0.0) for k in f[:n_own])
+                           for f, n_own in zip(feats, own_lens, strict=True)])
+    taken = full >= args.join
+    gate = float(np.quantile(own_scores[taken], args.gate_quantile)) if taken.any() else 0.0
+    return {
+        "gate": round(gate, 4),
+        "bias": round(float(clf.intercept_[0]), 4),
+        "threshold": args.threshold,
+        "join": args.join,
+        "weights": dict(sorted(weights.items())),
+        "trained_on": {"tokens": len(ys), "positives": sum(ys), "C": args.C,
+                       "min_groups": args.min_groups},
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--builder-rows", type=int, default=15000)
+    ap.add_argument("--seed", type=int, default=101)
+    ap.add_argument("--C", type=float, default=0.5)
+    ap.add_argument("--min-groups", type=int, default=3,
+                    help="drop features seen in fewer templates/phrasings/messages")
+    ap.add_argument("--threshold", type=float, default=0.0, help="logit of a word of the type")
+    ap.add_argument("--join", type=float, default=-2.0,
+                    help="logit at which a word next to a detected span joins it")
+    ap.add_argument("--kinds", nargs="+", default=list(KINDS))
+    ap.add_argument("--gate-quantile", type=float, default=0.01,
+                    help="share of the words the model takes that the speed gate may skip")
+    ap.add_argument("--out", default=str(pii_model.MODEL))
+    ap.add_argument("--validate", action="store_true",
+                    help="train on 4/5 of the tuned templates and phrasings, score the rest "
+                         "(model selection without touching the held-back halves)")
+    ap.add_argument("--examples", type=int, default=0)
+    args = ap.parse_args()
+
+    ev = pii_eval.EVAL_DIR
+    presidio = pii_eval.load_presidio(ev / "presidio_tuned.jsonl")
+    casual = pii_eval.load_casual(ev / "casual_tuned.tsv")
+    val: list[pii_eval.Sample] = []
+    if args.validate:
+        def fold(s: pii_eval.Sample) -> bool:
+            return hashlib.sha256(s.group.encode()).digest()[1] % 5 == 0
+
+        val = [s for s in presidio + casual if fold(s)]
+        presidio = [s for s in presidio if not fold(s)]
+        casual = [s for s in casual if not fold(s)]
+    bank = [pii_eval.Sample(t, [], f"banking77-{i}")  # real messages: each its own group
+            for i, t in enumerate(pii_eval.load_banking77("train"))]
+    builder = builder_samples(args.builder_rows, args.seed)
+    data = []
+    for case in pii_eval.CASES:
+        data += pii_eval.case_variant(presidio, case)
+    for case in ("cased", "lower"):
+        data += pii_eval.case_variant(casual, case) * 3  # few, and the kind of text we serve
+        data += pii_eval.case_variant(builder, case)
+        data += pii_eval.case_variant(bank, case)
+    out: dict = {}
+    if Path(args.out).exists():  # the kinds not trained now are kept
+        with gzip.open(args.out, "rt", encoding="utf-8") as f:
+            out = json.load(f)
+    for kind in args.kinds:
+        out[kind] = train(data, kind, args)
+        out[kind]["trained_on"].update(
+            presidio_tuned=len(presidio), casual_tuned=len(casual), builder_rows=len(builder),
+            banking77_train=len(bank))
+        print(kind, len(out[kind]["weights"]), "weights", out[kind]["trained_on"])
+    dest = Path(args.out)
+    if args.validate and dest == pii_model.MODEL:
+        dest = Path(tempfile.mkdtemp()) / "token_models.json.gz"
+    body = json.dumps(out, ensure_ascii=False, indent=0, sort_keys=True).encode("utf-8")
+    with open(dest, "wb") as raw, gzip.GzipFile(fileobj=raw, mode="wb", mtime=0) as f:
+        f.write(body)
+    print("wrote", dest)
+    if not args.validate:
+        return
+    models = {k: pii_model.TokenModel.load(dest, k) for k in KINDS}
+    pii._token_model = lambda kind: models[kind]
+    def det(t: str) -> list:
+        return [(d.start, d.end, d.entity) for d in pii.detect(t)]
+
+    casual_val = [v for v in val if len(v.group) != 12]
+    print("validation phrasings:", sorted({v.group for v in casual_val}))
+    for name, part in (("casual", casual_val), ("all", val)):
+        for case in pii_eval.CASES:
+            r = pii_eval.score(pii_eval.case_variant(part, case), det, KINDS, examples=args.examples)
+            print(name, case, {k: (v["recall"], v["precision"], v["labeled"]) for k, v in r.items()})
+            for k, v in r.items():
+                for m in v.get("missed_examples", []):
+                    print("   MISS", k, m[:200])
+                for m in v.get("false_examples", []):
+                    print("   FALSE", k, m[:200])
+
+
+if __name__ == "__main__":
+    main()
