@@ -53,7 +53,7 @@ if TYPE_CHECKING:
     import pandas as pd
 
 __all__ = [
-    "BUILDER_TYPE_MAP", "CANDIDATE_REGEX", "ENTITY_TYPES", "RESIDUAL_PATTERNS", "Detection",
+    "BUILDER_TYPE_MAP", "ENTITY_TYPES", "RESIDUAL_PATTERNS", "Detection",
     "detect", "mask", "mask_series", "pseudonym", "redact",
 ]  # fmt: skip
 
@@ -668,8 +668,11 @@ def _search_all(rx: re.Pattern[str], text: str, starts: list[int] | None):
         m = _search_from(rx, text, max(m.start() + 1, m.start(m.lastgroup)), starts)
 
 
-def _names(text: str, caseless: bool, starts: list[int] | None) -> list[tuple[int, int]]:
-    """Name spans; ``starts``: where the cue patterns can match (see _cue_starts)."""
+def _names(
+    text: str, caseless: bool, starts: list[int] | None
+) -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:
+    """Name spans after a cue or title, and cue-less "Given Family" pairs (in text with
+    case only); ``starts``: where the cue patterns can match (see _cue_starts)."""
     out = []
     if caseless:
         for m in _search_all(_CUED_CASELESS_RE, text, starts):
@@ -685,7 +688,7 @@ def _names(text: str, caseless: bool, starts: list[int] | None) -> list[tuple[in
                 span = _trim_caseless(m.group("c"), m.start("c"), "strong")
             if span:
                 out.append(span)
-        return out
+        return out, []
     for m in _search_all(_CUED_CASED_RE, text, starts) if starts != [] else ():
         g = m.lastgroup  # "a", "b" or "c" (see _search_all)
         if g == "c":
@@ -696,6 +699,7 @@ def _names(text: str, caseless: bool, starts: list[int] | None) -> list[tuple[in
             span = (m.start("t"), span[1])
         if span:
             out.append(span)
+    cued, out = out, []
     given, family = _lexicon()
     # Cue-less: in each run of capitalized words, "Given Family" or "Given Middle Family"
     # (tried in this order at each token), no token in _NOT_PAIR.
@@ -720,7 +724,7 @@ def _names(text: str, caseless: bool, starts: list[int] | None) -> list[tuple[in
         if pairs:
             toks = list(_TOK_RE.finditer(text, m.start(), m.end()))
             out += [(toks[i].start(), toks[j].end()) for i, j in pairs]
-    return out
+    return cued, out
 
 
 # --------------------------------------------------------------------------- detect
@@ -861,7 +865,8 @@ def rule_name_spans(text: str) -> tuple[bool, list[tuple[int, int]]]:
     caseless, scan, low = _case_forms(text)
     if not (caseless or _may_hold_cased_name(text, low)):
         return caseless, []
-    return caseless, _names(scan, caseless, _cue_starts(scan, low, caseless))
+    cued, pairs = _names(scan, caseless, _cue_starts(scan, low, caseless))
+    return caseless, cued + pairs
 
 
 def _address_rules(
@@ -940,14 +945,19 @@ def detect(text: str) -> list[Detection]:
             (s, e, "ADDRESS~address-model")
             for s, e in _token_model("ADDRESS").spans(text, caseless, rules)
         ]
-    rules = (
+        if not caseless:  # in text with case the patterns stand on their own too
+            found += [(s, e, "ADDRESS") for s, e in rules]
+    cued, pairs = (
         _names(scan, caseless, _cue_starts(scan, low, caseless))
         if caseless or _may_hold_cased_name(text, low)
-        else []
+        else ([], [])
     )
     found += [
-        (s, e, "PERSON~name-model") for s, e in _token_model("PERSON").spans(text, caseless, rules)
+        (s, e, "PERSON~name-model")
+        for s, e in _token_model("PERSON").spans(text, caseless, cued + pairs)
     ]
+    if not caseless:  # cues and titles in text with case ("Dr. Luke McDonald"); without
+        found += [(s, e, "PERSON") for s, e in cued]  # case they mask "signed up"
 
     if not found:
         return []
@@ -1048,71 +1058,6 @@ def mask_series(
 
 # --------------------------------------------------------------------------- Spark & gate
 
-# Spark prefilter (Java regex, also valid Python): a row can hold a detection only if it
-# has a digit, an "@", an IPv6 colon pair, a capitalized word after another word (names,
-# street words), or a name cue. Rows that match none skip the Python UDF entirely.
-CANDIDATE_REGEX = (
-    r"[0-9]|@|:[0-9A-Fa-f]*:|[^\s.!?]\s+(?!I\b|I['’])[A-ZÀ-ÖØ-Þ]|(?i:\b(?:"
-    + "|".join(
-        [
-            "name",
-            "regards",
-            "thanks",
-            "thank",
-            "cheers",
-            "sincerely",
-            "yours",
-            "signed",
-            "dear",
-            "this",
-            "that",
-            "i'm",
-            "i am",
-            "behalf",
-            "holder",
-            "here",
-            "speaking",
-            "sent",
-            "send",
-            "transfer",
-            "transferred",
-            "husband",
-            "wife",
-            "partner",
-            "son",
-            "daughter",
-            "mother",
-            "father",
-            "mum",
-            "mom",
-            "dad",
-            "brother",
-            "sister",
-            "friend",
-            "colleague",
-            "boss",
-            "landlord",
-            "flatmate",
-            "roommate",
-            "mr",
-            "mrs",
-            "ms",
-            "miss",
-            "mx",
-            "dr",
-            "prof",
-            "sir",
-            "madam",
-            "mme",
-            "mlle",
-            "herr",
-            "frau",
-            "sr",
-            "sra",
-        ]
-    )
-    + r")\b)"
-)
 # Patterns whose presence after desensitization is a leak whatever the context: they cannot
 # be mistaken for a decoy (SSN area/group/serial rules, strict IPv4 octets, "+CC" phones).
 RESIDUAL_PATTERNS = {

@@ -304,6 +304,20 @@ def _initial(t: str) -> bool:
     return len(t) == 1 and t.isupper() and t not in ("I", "A")  # "Francesca J Freeman"
 
 
+def _strip_punct(run: list[int], scored: list[tuple[int, int, str, float]]) -> list[int]:
+    """A run without the punctuation at its ends ("221 Baker Street," -> "221 Baker
+    Street"); a "." after a word stays ("Main St.")."""
+    lo, hi = 0, len(run)
+    while lo < hi and not scored[run[lo]][2][0].isalnum():
+        lo += 1
+    while hi > lo and not scored[run[hi - 1]][2][0].isalnum() and not (
+        scored[run[hi - 1]][2] == "." and hi - 1 > lo and scored[run[hi - 2]][2][0].isalpha()
+        and scored[run[hi - 2]][1] == scored[run[hi - 1]][0]
+    ):
+        hi -= 1
+    return run[lo:hi]
+
+
 def _address_like(toks: list[str]) -> bool:
     has_number = any(t[0].isdigit() for t in toks)
     has_word = any(len(t) > 1 and t[0].isalpha() for t in toks)
@@ -446,7 +460,8 @@ class TokenModel:
             else:
                 runs.append([i])
         if not person:  # an address has a number and a word ("12 oak st", "via roma 5")
-            runs = [r for r in runs if _address_like([scored[i][2] for i in r])]
+            runs = [_strip_punct(r, scored) for r in runs]
+            runs = [r for r in runs if r and _address_like([scored[i][2] for i in r])]
         return [(scored[r[0]][0], scored[r[-1]][1]) for r in runs]
 
 

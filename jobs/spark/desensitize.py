@@ -73,12 +73,12 @@ def key_id(key: bytes | None) -> str | None:
 
 
 def mask_fn(mode: str, key: bytes | None, text_idx: int):
-    """``mapInArrow`` function over candidate rows: ``text`` masked, ``pii_entities``
-    (the entity types found) appended; every other column passes through untouched.
+    """``mapInArrow`` function over every row: ``text`` masked, ``pii_entities`` (the
+    entity types found) appended; every other column passes through untouched.
 
     Why a vectorized UDF: the checksum validators (Luhn, IBAN mod 97, MOD 11-2), the name
-    lexicon and overlap resolution have no Spark equivalent. Spark's native ``rlike``
-    prefilter (``pii.CANDIDATE_REGEX``) sends only rows that can hold PII here."""
+    and address token models, libphonenumber and overlap resolution have no Spark
+    equivalent."""
 
     def fn(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         import pyarrow as pa
@@ -108,13 +108,11 @@ def desensitize_frame(df: DataFrame, mode: str, key: bytes | None) -> DataFrame:
     from pyspark.sql import functions as F
     from pyspark.sql.types import ArrayType, StringType, StructField, StructType
 
-    cand = F.col("text").rlike(pii.CANDIDATE_REGEX)
-    plain = df.where(~cand | F.col("text").isNull()).withColumn(
-        "pii_entities", F.array().cast("array<string>")
-    )
+    # Every row goes through the detector: a bare lower-case name ("text bob the code")
+    # matches no pattern a JVM prefilter could test, and the detector's own gates skip
+    # the work on rows that cannot hold a detection.
     schema = StructType([*df.schema.fields, StructField("pii_entities", ArrayType(StringType()))])
-    masked = df.where(cand).mapInArrow(mask_fn(mode, key, df.columns.index("text")), schema)
-    return plain.unionByName(masked)
+    return df.mapInArrow(mask_fn(mode, key, df.columns.index("text")), schema)
 
 
 def report(session, out: Path, samples_per_type: int) -> dict[str, Any]:
