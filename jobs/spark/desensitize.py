@@ -105,7 +105,6 @@ def _as_list(v: Any) -> list[str]:
 
 def desensitize_frame(df: DataFrame, mode: str, key: bytes | None) -> DataFrame:
     """Mask ``text`` in ``df``; adds ``pii_entities`` (array<string>)."""
-    from pyspark.sql import functions as F
     from pyspark.sql.types import ArrayType, StringType, StructField, StructType
 
     # Every row goes through the detector: a bare lower-case name ("text bob the code")
