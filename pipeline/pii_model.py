@@ -319,9 +319,14 @@ def _strip_punct(run: list[int], scored: list[tuple[int, int, str, float]]) -> l
 
 
 def _address_like(toks: list[str]) -> bool:
-    has_number = any(t[0].isdigit() for t in toks)
-    has_word = any(len(t) > 1 and t[0].isalpha() for t in toks)
-    return has_number and has_word
+    """A number and a word, and some word that is not a street type: "12 oak st", "via
+    roma 5", but not "10 ways" or "2012 ford" (no street name)."""
+    from pipeline import pii
+
+    words = [t.lower() for t in toks if len(t) > 1 and t[0].isalpha()]
+    return any(t[0].isdigit() for t in toks) and any(
+        w.rstrip(".") not in pii._EN_STREET_SET for w in words
+    )
 
 
 _CTX_FAMILIES = ("p1", "p2", "n1", "n2", "pn", "nn", "pl", "nl", "r", "p1s", "p2s", "n1s",

@@ -42,21 +42,11 @@ KINDS = ("PERSON", "ADDRESS")
 
 
 def builder_samples(rows: int, seed: int) -> list[pii_eval.Sample]:
-    import pandas as pd
-
-    from pipeline.evaluate import locate_spans
     from pipeline.rawdata import BuilderConfig, build_raw
 
     with tempfile.TemporaryDirectory() as d:
         build_raw(d, BuilderConfig(rows=rows, seed=seed, fmt="parquet", source="train"))
-        raw = pd.read_parquet(Path(d) / "raw.parquet", columns=["ticket_id", "message"])
-        spans = pd.read_parquet(Path(d) / "ground_truth" / "pii_spans.parquet")
-    truth, texts = locate_spans(raw, spans)
-    by: dict[str, list] = {}
-    for r in truth.itertuples():
-        by.setdefault(r.ticket_id, []).append(
-            (r.start, r.end, pii.BUILDER_TYPE_MAP.get(r.pii_type, r.pii_type)))
-    return [pii_eval.Sample(t, by.get(tid, []), f"builder-{tid}") for tid, t in texts.items()]
+        return pii_eval.load_builder(Path(d))
 
 
 def examples(samples: list[pii_eval.Sample], kind: str):
@@ -170,9 +160,11 @@ def main() -> None:
         data += pii_eval.case_variant(builder, case)
         data += pii_eval.case_variant(bank, case)
     out: dict = {}
-    if Path(args.out).exists():  # the kinds not trained now are kept
-        with gzip.open(args.out, "rt", encoding="utf-8") as f:
-            out = json.load(f)
+    for start in (Path(args.out), pii_model.MODEL):  # the kinds not trained now are kept
+        if start.exists():
+            with gzip.open(start, "rt", encoding="utf-8") as f:
+                out = json.load(f)
+            break
     for kind in args.kinds:
         out[kind] = train(data, kind, args)
         out[kind]["trained_on"].update(
