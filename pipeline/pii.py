@@ -45,6 +45,7 @@ from typing import TYPE_CHECKING
 import ahocorasick
 
 from pipeline import checksums as ck
+from pipeline.pii_model import tokenize
 from pipeline.pii_phones import card_spans, phone_spans
 
 if TYPE_CHECKING:
@@ -900,10 +901,10 @@ def _token_model(kind: str):
     return TokenModel.load(kind=kind)
 
 
-def detect(text: str) -> list[Detection]:
-    """All PII in ``text``, non-overlapping, in order of position."""
-    if not text:
-        return []
+def _identifiers(text: str) -> tuple[list[tuple[int, int, str]], tuple[int, int] | None]:
+    """The pattern-and-validator detections (e-mails, IBANs, IDs, cards, SSNs, IPs,
+    phones) of ``text``, and where its first and last ASCII digits are (None: no digit;
+    see _street_starts)."""
     found: list[tuple[int, int, str]] = []
     # Cheap gates first: most messages have no "@", no digit run, no colon, and a regex
     # pass over them costs more than these scans.
@@ -938,12 +939,47 @@ def detect(text: str) -> list[Detection]:
             found += [(s, e, "CARD~card-pattern+luhn+iin") for s, e in card_spans(text)]
     if text.count(":") >= 2:  # IPv6 needs no digit
         found += _valid(_IPV6_RE, "IP_ADDRESS", _ip_ok, text, (0, len(text)))
+    return found, digits
+
+
+# A number that can be a house number: 1 to 6 digits, not an amount ("$20", "12.50",
+# "1,250", "15%"). A superset of the numbers pii_model.candidates reads as house numbers
+# (which also skips those after a currency sign and a space).
+_HOUSE_NUMBER_HINT_RE = re.compile(r"(?<![0-9.,$£€¥₹])[0-9]{1,6}(?![0-9%]|[.,][0-9])")
+
+
+def _may_hold_address(text: str, found: list[tuple[int, int, str]]) -> bool:
+    """Whether some number of ``text`` can be a house number outside the identifiers
+    found: the address model reads no other message."""
+    for m in _HOUSE_NUMBER_HINT_RE.finditer(text):
+        p = m.start()
+        if not any(s <= p < e for s, e, _ in found):
+            return True
+    return False
+
+
+def identifier_spans(text: str) -> list[tuple[int, int]]:
+    """Where the identifiers of ``text`` are: no address is read inside them (for
+    training the address model as detect runs it)."""
+    return [(s, e) for s, e, _ in _identifiers(text)[0]]
+
+
+def detect(text: str) -> list[Detection]:
+    """All PII in ``text``, non-overlapping, in order of position."""
+    if not text:
+        return []
+    found, digits = _identifiers(text)
     caseless, scan, low = _case_forms(text)
-    if digits is not None:  # every address the model finds has a number
+    toks = None  # tokenized once, for whichever model needs it
+    address_model = _token_model("ADDRESS")
+    if digits is not None and _may_hold_address(text, found):
+        # Every address the model finds has a number.
         rules = _address_rules(text, scan, low, caseless, digits)
+        toks = tokenize(text)
+        blocked = [(s, e) for s, e, _ in found]
         found += [
             (s, e, "ADDRESS~address-model")
-            for s, e in _token_model("ADDRESS").spans(text, caseless, rules)
+            for s, e in address_model.spans(text, caseless, rules, blocked, toks)
         ]
         if not caseless:  # in text with case the patterns stand on their own too
             found += [(s, e, "ADDRESS") for s, e in rules]
@@ -952,10 +988,13 @@ def detect(text: str) -> list[Detection]:
         if caseless or _may_hold_cased_name(text, low)
         else ([], [])
     )
-    found += [
-        (s, e, "PERSON~name-model")
-        for s, e in _token_model("PERSON").spans(text, caseless, cued + pairs)
-    ]
+    name_model = _token_model("PERSON")
+    if name_model.may_find(text, caseless):
+        toks = toks or tokenize(text)
+        found += [
+            (s, e, "PERSON~name-model")
+            for s, e in name_model.spans(text, caseless, cued + pairs, (), toks)
+        ]
     if not caseless:  # cues and titles in text with case ("Dr. Luke McDonald"); without
         found += [(s, e, "PERSON") for s, e in cued]  # case they mask "signed up"
 

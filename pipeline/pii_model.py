@@ -49,6 +49,10 @@ MODEL = DATA / "token_models.json.gz"
 _WORD = r"[^\W\d_]+(?:['’][^\W\d_]+)*(?:-[^\W\d_]+)*"
 _TOKEN_RE = re.compile(rf"{_WORD}|\d+|[^\w\s]")
 _WORD_RE = re.compile(_WORD)  # the words of _TOKEN_RE, as findall finds them
+# The same on ASCII text, where they match alike and run faster (no Unicode classes).
+_WORD_ASCII = r"[A-Za-z]+(?:'[A-Za-z]+)*(?:-[A-Za-z]+)*"
+_TOKEN_ASCII_RE = re.compile(rf"{_WORD_ASCII}|[0-9]+|[^A-Za-z0-9_\s]")
+_WORD_ASCII_RE = re.compile(_WORD_ASCII)
 _SHORT_NUMBER_RE = re.compile(r"(?<!\d)\d{1,6}(?!\d)")
 _POSSESSIVE = ("'s", "’s")
 _SENT_END = frozenset(".!?;\n")
@@ -115,8 +119,9 @@ def _ctx(tok: str | None) -> str:
 def tokenize(text: str) -> list[tuple[int, int, str]]:
     """(start, end, token); a possessive "'s" is split off its word."""
     out = []
-    for m in _TOKEN_RE.finditer(text):
-        s, e, tok = m.start(), m.end(), m.group()
+    for m in (_TOKEN_ASCII_RE if text.isascii() else _TOKEN_RE).finditer(text):
+        s, e = m.span()
+        tok = m.group()
         if len(tok) > 3 and tok[-2:].lower() in _POSSESSIVE:
             out.append((s, e - 2, tok[:-2]))
             out.append((e - 2, e, "'s"))
@@ -246,33 +251,67 @@ def address_own(tok: str, caseless: bool) -> tuple[str, ...]:
 
 
 def address_features(
-    toks: list[tuple[int, int, str]], i: int, caseless: bool, in_rule: bool, text: str
+    toks: list[tuple[int, int, str]], i: int, caseless: bool, in_rule: bool, text: str,
+    info: tuple | None = None,
 ) -> tuple[tuple[str, ...], list[str]]:
     """(own, context) features of token ``i`` for the ADDRESS model."""
-    return address_own(toks[i][2], caseless), address_context(toks, i, caseless, in_rule, text)
+    info = info or address_info(toks, caseless)
+    return address_own(toks[i][2], caseless), address_context(toks, i, in_rule, text, info)
+
+
+def address_info(
+    toks: list[tuple[int, int, str]], caseless: bool, around: list[int] | None = None
+) -> tuple:
+    """Per token, computed once per message: the context word ("0"-like shape for
+    numbers), the shape, whether a number, whether a street word. Only within 4 tokens
+    of ``around`` (the candidates; all tokens if None): the context reads no further."""
+    n = len(toks)
+    if around is None:
+        idx = range(n)
+    else:
+        near: set[int] = set()
+        for i in around:
+            near.update(range(max(i - 4, 0), min(i + 5, n)))
+        idx = sorted(near)
+    sw = street_words()
+    words: list = [None] * n
+    shapes: list = [None] * n
+    nums = [False] * n
+    streets = [False] * n
+    for j in idx:
+        t = toks[j][2]
+        sh = shapes[j] = _ashape(t, caseless)
+        if t[0].isdigit():
+            words[j] = sh
+            nums[j] = True
+        else:
+            w = words[j] = t.lower()
+            streets[j] = w.rstrip(".") in sw
+    return words, shapes, nums, streets
 
 
 def address_context(
-    toks: list[tuple[int, int, str]], i: int, caseless: bool, in_rule: bool, text: str
+    toks: list[tuple[int, int, str]], i: int, in_rule: bool, text: str, info: tuple
 ) -> list[str]:
-    tok = toks[i][2]
-    sw = street_words()
-    sh = _ashape(tok, caseless)
+    words, shapes, nums, streets = info
+    n = len(toks)
+    sh = shapes[i]
     ctx = []
     for d, name in ((-2, "p2"), (-1, "p1"), (1, "n1"), (2, "n2")):
         j = i + d
-        if 0 <= j < len(toks):
-            t = toks[j][2]
-            ctx.append(f"{name}:{_ashape(t, caseless) if t[0].isdigit() else t.lower()}")
-            ctx.append(f"{name}s:{_ashape(t, caseless)}{sh}")
+        if 0 <= j < n:
+            ctx.append(f"{name}:{words[j]}")
         else:
             ctx.append(f"{name}:^" if d < 0 else f"{name}:$")
+    if i:
+        ctx.append(f"p1s:{shapes[i - 1]}{sh}")
+    if i + 1 < n:
+        ctx.append(f"n1s:{shapes[i + 1]}{sh}")
     near_digit = near_street = 9
-    for j in range(max(i - 4, 0), min(i + 5, len(toks))):
-        t = toks[j][2]
-        if t[0].isdigit():
+    for j in range(max(i - 4, 0), min(i + 5, n)):
+        if nums[j]:
             near_digit = min(near_digit, abs(j - i))
-        elif t.lower().rstrip(".") in sw:
+        elif streets[j]:
             near_street = min(near_street, abs(j - i))
     ctx += [f"dn:{near_digit}{sh}", f"sn:{near_street}{sh}", f"ds:{min(near_digit, 5)}{min(near_street, 5)}"]
     if i and "\n" in text[toks[i - 1][1] : toks[i][0]]:
@@ -282,16 +321,46 @@ def address_context(
     return ctx
 
 
-def candidates(toks: list[tuple[int, int, str]], kind: str) -> list[int]:
+_CURRENCY = frozenset("$£€¥₹")
+
+
+def _house_number(toks: list[tuple[int, int, str]], i: int, blocked) -> bool:
+    """Whether number token ``i`` can be part of an address: 1 to 6 digits, not inside a
+    card, phone, IBAN or other identifier already found (``blocked`` spans), not an amount
+    ("$20", "12.50", "15%")."""
+    s, e, t = toks[i]
+    if len(t) > 6 or any(bs <= s and e <= be for bs, be in blocked):
+        return False
+    if i and toks[i - 1][2] in _CURRENCY:
+        return False
+    if i + 1 < len(toks):
+        nxt = toks[i + 1]
+        if nxt[2] == "%":
+            return False
+        if nxt[2] in (".", ",") and nxt[0] == e and i + 2 < len(toks):
+            after = toks[i + 2]
+            if after[0] == nxt[1] and after[2][0].isdigit():
+                return False  # a decimal or a grouped amount
+    # the part after the point of a decimal or grouped amount
+    return not (
+        i > 1 and toks[i - 1][2] in (".", ",") and toks[i - 1][0] == toks[i - 2][1] == s - 1
+        and toks[i - 2][2][0].isdigit()
+    )
+
+
+def candidates(
+    toks: list[tuple[int, int, str]], kind: str, blocked: list[tuple[int, int]] = ()
+) -> list[int]:
     """The tokens a model scores; all others are not of its type. PERSON: words that pass
-    ``person_candidate``. ADDRESS: tokens at most 3 tokens away from a number of 1 to 6
-    digits (every address has one). Training scores the same tokens."""
+    ``person_candidate``. ADDRESS: tokens at most 3 tokens away from a house number (see
+    ``_house_number``; every address has one). Training scores the same tokens."""
     if kind == "PERSON":
         return [
             i for i, (_s, _e, t) in enumerate(toks)
             if t[0].isalpha() and t != "'s" and (person_candidate(t.lower()) or _initial(t))
         ]  # fmt: skip
-    nums = [i for i, (_s, _e, t) in enumerate(toks) if t[0].isdigit() and len(t) <= 6]
+    nums = [i for i, (_s, _e, t) in enumerate(toks) if t[0].isdigit()]
+    nums = [i for i in nums if _house_number(toks, i, blocked)]
     if not nums:
         return []
     near = set()
@@ -358,7 +427,9 @@ class TokenModel:
                 fam[f] = max(fam.get(f, 0.0), v)
         self.ctx_bound = sum(fam.values())
         self._own: dict[tuple[str, ...], float] = {}
-        self._passes: dict[tuple[str, bool], bool] = {}
+        self._tok_score: dict[tuple[str, bool, bool], float] = {}
+        self._seen: dict[bool, set[str]] = {False: set(), True: set()}
+        self._passing: dict[bool, set[str]] = {False: set(), True: set()}
 
     @classmethod
     @functools.cache
@@ -382,59 +453,102 @@ class TokenModel:
         return sc
 
     def _word_passes(self, word: str, caseless: bool) -> bool:
-        """Whether a word can pass the gate, wherever it stands (cached)."""
-        key = (word, caseless)
-        ok = self._passes.get(key)
-        if ok is None:
-            if len(word) > 3 and word[-2:].lower() in _POSSESSIVE:
-                word = word[:-2]
-            ok = (person_candidate(word.lower()) or _initial(word)) and max(
-                self.own_score(person_own(word, caseless, bos)) for bos in (False, True)
-            ) >= self.gate
-            if len(self._passes) > 200_000:
-                self._passes.clear()
-            self._passes[key] = ok
-        return ok
+        """Whether a word can pass the gate, wherever it stands."""
+        if len(word) > 3 and word[-2:].lower() in _POSSESSIVE:
+            word = word[:-2]
+        return (person_candidate(word.lower()) or _initial(word)) and max(
+            self.own_score(person_own(word, caseless, bos)) for bos in (False, True)
+        ) >= self.gate
 
     def may_find(self, text: str, caseless: bool) -> bool:
         """False when no token of ``text`` can be scored over the gate: a cheaper test
-        than tokenizing, which most messages fail."""
-        if self.kind == "PERSON":
-            return any(self._word_passes(w, caseless) for w in _WORD_RE.findall(text))
-        return _SHORT_NUMBER_RE.search(text) is not None
+        than tokenizing, which most messages fail. PERSON: by set operations over the
+        message's words against the words seen before (each classified once)."""
+        if self.kind != "PERSON":
+            return _SHORT_NUMBER_RE.search(text) is not None
+        words = (_WORD_ASCII_RE if text.isascii() else _WORD_RE).findall(text)
+        seen, passing = self._seen[caseless], self._passing[caseless]
+        if seen.issuperset(words):  # every word classified before (most messages)
+            return not passing.isdisjoint(words)
+        if len(seen) > 500_000:  # bounded memory on endless new words
+            seen.clear()
+            passing.clear()
+        for word in set(words) - seen:
+            if self._word_passes(word, caseless):
+                passing.add(word)
+                if len(word) > 3 and word[-2:].lower() in _POSSESSIVE:
+                    passing.add(word[:-2])  # the token tokenize makes of it
+            seen.add(word)
+        return not passing.isdisjoint(words)
 
     def token_scores(
-        self, text: str, caseless: bool, rule_spans: list[tuple[int, int]]
+        self, text: str, caseless: bool, rule_spans: list[tuple[int, int]],
+        blocked: list[tuple[int, int]] = (), toks: list[tuple[int, int, str]] | None = None,
     ) -> list[tuple[int, int, str, float]]:
-        """(start, end, token, logit) of each candidate word (see ``candidates``)."""
-        if not self.may_find(text, caseless):
+        """(start, end, token, logit) of each candidate word (see ``candidates``);
+        ``blocked``: spans of identifiers already found (no address inside them);
+        ``toks``: ``tokenize(text)``, when the caller has it (then ``may_find`` was
+        asked already)."""
+        if toks is None:
+            if not self.may_find(text, caseless):
+                return []
+            toks = tokenize(text)
+        if self.kind == "PERSON":
+            return self._person_scores(text, caseless, rule_spans, toks)
+        cands = candidates(toks, self.kind, blocked)
+        if not cands:
             return []
-        toks = tokenize(text)
+        info = address_info(toks, caseless, cands)
         out = []
         w = self.w
-        for i in candidates(toks, self.kind):
+        for i in cands:
             s, e, tok = toks[i]
-            person = self.kind == "PERSON"
-            own = person_own_at(toks, i, caseless) if person else address_own(tok, caseless)
-            base = self.own_score(own)
+            base = self.own_score(address_own(tok, caseless))
             if base < self.gate:
                 continue
             in_rule = any(rs <= s and e <= re_ for rs, re_ in rule_spans)
-            if person:
-                ctx = person_context(toks, i, caseless, in_rule)
-            else:
-                ctx = address_context(toks, i, caseless, in_rule, text)
+            ctx = address_context(toks, i, in_rule, text, info)
+            out.append((s, e, tok, base + sum(w.get(f, 0.0) for f in ctx)))
+        return out
+
+    def _person_scores(
+        self, text: str, caseless: bool, rule_spans: list[tuple[int, int]],
+        toks: list[tuple[int, int, str]],
+    ) -> list[tuple[int, int, str, float]]:
+        """token_scores for PERSON, the candidates of ``candidates`` found inline: each
+        word's own score is looked up once per (word, case, sentence start)."""
+        cache = self._tok_score
+        if len(cache) > 500_000:
+            cache.clear()
+        out = []
+        w = self.w
+        passing = self._passing[caseless]  # see may_find: no other word can be scored
+        for i, (s, e, tok) in enumerate(toks):
+            if tok not in passing:
+                continue
+            bos = not i or toks[i - 1][2] in _SENT_END
+            key = (tok, caseless, bos)
+            base = cache.get(key)
+            if base is None:
+                ok = tok != "'s" and (person_candidate(tok.lower()) or _initial(tok))
+                base = self.own_score(person_own(tok, caseless, bos)) if ok else -math.inf
+                cache[key] = base
+            if base < self.gate:
+                continue
+            in_rule = any(rs <= s and e <= re_ for rs, re_ in rule_spans)
+            ctx = person_context(toks, i, caseless, in_rule)
             out.append((s, e, tok, base + sum(w.get(f, 0.0) for f in ctx)))
         return out
 
     def spans(
-        self, text: str, caseless: bool, rule_spans: list[tuple[int, int]]
+        self, text: str, caseless: bool, rule_spans: list[tuple[int, int]],
+        blocked: list[tuple[int, int]] = (), toks: list[tuple[int, int, str]] | None = None,
     ) -> list[tuple[int, int]]:
         """Name spans: runs of words over the threshold, separated by spaces only (or by
         the period of an initial: "J. Freeman"). A word next to a name joins it at a lower
         threshold (``join``): "Tamila Musliyevich", where the rare family name alone is
         not convincing."""
-        scored = self.token_scores(text, caseless, rule_spans)
+        scored = self.token_scores(text, caseless, rule_spans, blocked, toks)
         n = len(scored)
         keep = [sc >= self.threshold for *_, sc in scored]
 

@@ -61,13 +61,15 @@ def examples(samples: list[pii_eval.Sample], kind: str):
             rules = pii.rule_address_spans(s.text)
         toks = pii_model.tokenize(s.text)
         gold = [(a, b) for a, b, t in s.spans if t == kind]
-        for i in pii_model.candidates(toks, kind):
+        blocked = pii.identifier_spans(s.text) if kind == "ADDRESS" else []
+        info = pii_model.address_info(toks, caseless) if kind == "ADDRESS" else None
+        for i in pii_model.candidates(toks, kind, blocked):
             ts, te, tok = toks[i]
             in_rule = any(rs <= ts and te <= re_ for rs, re_ in rules)
             if kind == "PERSON":
                 own, ctx = pii_model.token_features(toks, i, caseless, in_rule)
             else:
-                own, ctx = pii_model.address_features(toks, i, caseless, in_rule, s.text)
+                own, ctx = pii_model.address_features(toks, i, caseless, in_rule, s.text, info)
             label = int(any(a <= ts and te <= b for a, b in gold))
             yield [*own, *ctx], label, s.group, len(own)
 
