@@ -18,7 +18,7 @@ export AIRFLOW_CONN_SPARK_DEFAULT ?= {"conn_type": "spark", "host": "local[*]"}
 export PYSPARK_PYTHON := $(BIN)/python
 export SPARK_LOCAL_IP ?= 127.0.0.1
 
-.PHONY: demo test venv lint bench mlflow clean-var up down browser test-deps
+.PHONY: demo test venv lint bench mlflow clean-var up down browser test-deps pii-corpus pii-tables pii-models
 
 # Run the whole pipeline on the bundled demo data, through Airflow.
 demo: $(VENV)/.installed
@@ -65,9 +65,32 @@ bench: $(VENV)/.installed
 	$(BIN)/pip install -q -c constraints.txt -e '.[dev,bench]'
 	$(BIN)/python benchmarks/data_stages.py --stages clean dedup desensitize
 	$(BIN)/python benchmarks/pii_presidio.py --raw var/bench/raw-1000000 --sample 4000
+	$(BIN)/python benchmarks/pii_eval.py
 	$(BIN)/python benchmarks/labelqa.py
 	$(BIN)/python benchmarks/training.py --epochs 5
 	$(BIN)/python benchmarks/export.py --repeats 3
+
+# The PII detector's build tools (tools/). Not needed to run or test the pipeline: their
+# outputs are committed (pipeline/pii_data/, data/pii_eval/). presidio-evaluator needs
+# pandas 3 and names-dataset holds 3 GB in memory, so the first two run in a venv of their
+# own; the token models train in the project's venv (scikit-learn).
+PII_TOOLS := .venv-pii-tools
+$(PII_TOOLS)/.installed: tools/requirements-pii.txt
+	test -x $(PII_TOOLS)/bin/python || $(PYTHON) -m venv $(PII_TOOLS)
+	$(PII_TOOLS)/bin/pip install -q -r tools/requirements-pii.txt
+	touch $@
+
+# presidio-evaluator's sentences, split by template (data/pii_eval/presidio_*.jsonl)
+pii-corpus: $(PII_TOOLS)/.installed
+	$(PII_TOOLS)/bin/python tools/pii_corpus.py --out data/pii_eval
+
+# the trimmed name / English-word table (pipeline/pii_data/names.tsv.gz)
+pii-tables: $(PII_TOOLS)/.installed
+	$(PII_TOOLS)/bin/python tools/pii_tables.py
+
+# the PERSON and ADDRESS token models (pipeline/pii_data/token_models.json.gz)
+pii-models: $(VENV)/.installed
+	$(BIN)/python tools/pii_token_models.py
 
 # The MLflow UI over the local store the stages log to (when MLFLOW_TRACKING_URI is unset).
 mlflow: $(VENV)/.installed
