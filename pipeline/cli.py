@@ -9,6 +9,7 @@
     intentops summary [--run-id RUN]                          # per-stage summary
     intentops evaluate --run-id RUN --ground-truth DIR        # score against ground truth
     intentops leak-scan --ground-truth DIR var/lake/desensitize ...   # find planted PII
+    intentops leak-scan --detect var/lake/desensitize ...     # what the detector still finds
     intentops pii detect [--mask] < sample.txt                # PII spans (JSON) per line
     intentops up | down | services                            # the local services (make up/down)
 
@@ -74,8 +75,11 @@ def main(argv: list[str] | None = None) -> int:
     e.add_argument("--run-id", required=True)
     e.add_argument("--ground-truth", required=True, help="the builder's ground_truth/ folder")
     e.add_argument("--config", help="YAML config file")
-    ls = sub.add_parser("leak-scan", help="search folders for planted personal data")
-    ls.add_argument("--ground-truth", required=True, help="the builder's ground_truth/ folder")
+    ls = sub.add_parser("leak-scan", help="search folders for planted or detectable personal data")
+    how = ls.add_mutually_exclusive_group(required=True)
+    how.add_argument("--ground-truth", help="the builder's ground_truth/ folder (known values)")
+    how.add_argument("--detect", action="store_true",
+                     help="no known values: count what the PII detector still finds")
     ls.add_argument("paths", nargs="+", help="folders or files to scan")
     pii_p = sub.add_parser("pii", help="PII detection on text you give it (see `pii detect --help`)")
     pii_sub = pii_p.add_subparsers(dest="action", required=True)
@@ -339,7 +343,10 @@ def _dispatch(args: argparse.Namespace) -> int:
 
         from pipeline import leakscan
 
-        hits = leakscan.scan(args.paths, leakscan.load_needles(args.ground_truth))
+        if args.detect:
+            hits = leakscan.detect_scan(args.paths)
+        else:
+            hits = leakscan.scan(args.paths, leakscan.load_needles(args.ground_truth))
         print(json.dumps({"hits": hits, "count": len(hits)}, indent=2))
         return 1 if hits else 0
 

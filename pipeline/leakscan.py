@@ -12,6 +12,14 @@ against gigabytes of text in one pass per file, where ``value in text`` per valu
 quadratic.
 
     intentops leak-scan --ground-truth var/demo/raw/ground_truth DIR [DIR ...]
+
+Without a ground truth (your own export), ``--detect`` runs the desensitize stage's own
+detector (``pipeline.pii.detect``) over the same cells and lines instead, and reports per
+file and column how many spans of each type it still finds there: after masking, each is
+either a leak or one of the detector's false positives, so the count is an upper bound
+of what leaked. Values are never reported, only types, counts and sources.
+
+    intentops leak-scan --detect var/lake/desensitize DIR [DIR ...]
 """
 
 from __future__ import annotations
@@ -122,3 +130,45 @@ class Scanner:
 
 def scan(roots: Iterable[str | Path], values: dict[str, str]) -> list[dict[str, str]]:
     return [asdict(h) for h in Scanner(values).scan(roots)]
+
+
+class DetectorScanner(Scanner):
+    """``Scanner`` with the PII detector in place of known values: ``find`` returns the
+    types it detects in a text, ``counts`` how many spans of each type and which sources
+    found them."""
+
+    def __init__(self) -> None:
+        self.empty = False
+        self.counts: dict[tuple[str, str], dict[str, int]] = {}
+
+    def find(self, text: str) -> set[str]:
+        from pipeline import pii
+
+        found = set()
+        for line in text.split("\n") if len(text) > 10_000 else (text,):
+            for d in pii.detect(line):
+                found.add(d.entity)
+                key = (d.entity, d.source)
+                self._current[key] = self._current.get(key, 0) + 1
+        return found
+
+    def scan_file(self, path: Path) -> Iterator[Hit]:
+        self._current: dict[tuple[str, str], int] = {}
+        yield from super().scan_file(path)
+        for (entity, source), n in self._current.items():
+            self.counts.setdefault((str(path), entity), {})[source] = n
+
+
+def detect_scan(roots: Iterable[str | Path]) -> list[dict[str, object]]:
+    """Per file and type found by the detector: where (columns or text), how many spans,
+    and the sources that found them."""
+    scanner = DetectorScanner()
+    where: dict[tuple[str, str], set[str]] = {}
+    for h in scanner.scan(roots):
+        where.setdefault((h.path, h.entity), set()).add(h.where)
+    return [
+        {"path": p, "entity": e, "where": sorted(where[(p, e)]),
+         "count": sum(scanner.counts.get((p, e), {}).values()),
+         "sources": scanner.counts.get((p, e), {})}
+        for p, e in sorted(where)
+    ]  # fmt: skip

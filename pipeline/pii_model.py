@@ -1,33 +1,45 @@
-"""The learned part of PERSON detection: a logistic token model over a name-frequency prior.
+"""The learned part of PERSON and ADDRESS detection: logistic token models.
 
-What: ``name_spans(text, caseless, rule_spans)`` returns the person names in one message,
-each with the component that found it. Every word is scored on its own and in its context
-by a logistic regression whose features are
+What: ``TokenModel.load(kind=...).spans(text, caseless, rule_spans, blocked, toks)``
+returns the person names (``kind="PERSON"``) or street addresses (``"ADDRESS"``) in one
+message. Every candidate token is scored on its own and in its context by a logistic
+regression; tokens over the threshold, and their neighbours over a lower ``join``
+threshold, make the spans ("anna kowalski", "Francesca J Freeman", "14 elm grove").
+
+PERSON features:
 
 * how much of a name the word is: its best rank as a first and as a last name in any
   country (names-dataset), and how common it is as an English word (wordfreq), read from
   the trimmed table ``pii_data/names.tsv.gz`` (``tools/pii_tables.py`` builds it; the
   packages themselves hold 3 GB per process);
 * its shape in text with case (capitalized, upper, lower, an initial; sentence start);
-* the words around it ("call me ___", "___'s account", "text ___ the code") and how
-  name-like its neighbours are;
+* the words around it ("call me ___", "___'s account") and how name-like its neighbours
+  are, also across a list ("reid, fletcher and smith");
 * whether the cue rules of ``pipeline.pii`` ("my name is", "regards,", titles) cover it.
 
-Adjacent name words make one span ("anna kowalski", "Francesca J Freeman").
+ADDRESS features: the token itself and its suffix (-straat, -gatan, -katu), whether it is
+a street word of one of many languages, its shape (a house number, a year, a postcode,
+an alphanumeric unit), the tokens around it, how far the nearest number and street word
+are, a line break before it, and whether the address patterns of ``pipeline.pii`` cover
+it. Only tokens near a number that can be a house number are scored.
 
-Why this and not the rules alone: cue rules miss names after the hundreds of ways people
-introduce themselves ("i go by brad", "send $20 to steve's account") and mask the common
-words that follow a cue ("signed up", "thanks, bye"); a prior of how often a word is a
-name against how often it is an English word separates "liisa" from "kindly". Why not an
-NER model: none installs offline here (spaCy and Hugging Face models download at run
-time), and a transformer per message would cost 100x the rest of the detector.
+Why: cue rules miss names after the hundreds of ways people introduce themselves ("i go
+by brad", "send $20 to steve's account") and mask the common words that follow a cue
+("signed up", "thanks, bye"); a prior of how often a word is a name against how often it
+is an English word separates "liisa" from "kindly". Address patterns knew three countries'
+shapes. Why not an NER model: none installs offline here (spaCy and Hugging Face models
+download at run time), and a transformer per message would cost a hundred times the rest
+of the detector.
 
-The weights (``pii_data/name_model.json.gz``) are trained by ``tools/pii_name_model.py``
-on the tuned halves of the evaluation sets, the raw-data builder's output and Banking77's
-training messages (as negatives); the held-back halves were never used.
+The weights (``pii_data/token_models.json.gz``) are trained by
+``tools/pii_token_models.py`` on the tuned halves of the evaluation sets
+(``data/pii_eval``), the raw-data builder's output and Banking77's training messages (as
+negatives); the held-back halves were never used for training or model selection.
 
-Each message is scored alone (no batch statistics), so its result does not depend on the
-messages beside it.
+Each message is scored alone, so its result does not depend on the messages beside it.
+The caches (words classified, own scores) only skip repeated work; they hold words of
+messages, so they live in the process that masks (the desensitize stage, before anything
+downstream sees the text) and are never written anywhere.
 """
 
 from __future__ import annotations
@@ -398,10 +410,6 @@ def _address_like(toks: list[str]) -> bool:
     )
 
 
-_CTX_FAMILIES = ("p1", "p2", "n1", "n2", "pn", "nn", "pl", "nl", "r", "p1s", "p2s", "n1s",
-                 "n2s", "dn", "sn", "ds")  # fmt: skip
-
-
 class TokenModel:
     """A logistic model: the sum of the weights of a word's features, plus a bias."""
 
@@ -418,14 +426,6 @@ class TokenModel:
         # the training tokens, the gate skips at most 1% of the words the whole model
         # finds (see tools/pii_token_models.py).
         self.gate = gate
-        # An upper bound of what the context features can add: a word whose own score
-        # plus this stays under the threshold is skipped without building its context.
-        fam: dict[str, float] = {}
-        for k, v in weights.items():
-            f = k.split(":", 1)[0]
-            if f in _CTX_FAMILIES:
-                fam[f] = max(fam.get(f, 0.0), v)
-        self.ctx_bound = sum(fam.values())
         self._own: dict[tuple[str, ...], float] = {}
         self._tok_score: dict[tuple[str, bool, bool], float] = {}
         self._seen: dict[bool, set[str]] = {False: set(), True: set()}
@@ -437,10 +437,6 @@ class TokenModel:
         with gzip.open(path, "rt", encoding="utf-8") as f:
             d = json.load(f)[kind]
         return cls(d["weights"], d["bias"], d["threshold"], d["join"], kind, d["gate"])
-
-    def logit(self, feats: list[str]) -> float:
-        w = self.w
-        return self.bias + sum(w.get(f, 0.0) for f in feats)
 
     def own_score(self, own: tuple[str, ...]) -> float:
         """The bias plus the weights of a word's own features (cached per feature set)."""
@@ -463,7 +459,8 @@ class TokenModel:
     def may_find(self, text: str, caseless: bool) -> bool:
         """False when no token of ``text`` can be scored over the gate: a cheaper test
         than tokenizing, which most messages fail. PERSON: by set operations over the
-        message's words against the words seen before (each classified once)."""
+        message's words against the words seen before (each classified once). ADDRESS: a
+        number of 1 to 6 digits (``pii.detect`` asks a finer question first)."""
         if self.kind != "PERSON":
             return _SHORT_NUMBER_RE.search(text) is not None
         words = (_WORD_ASCII_RE if text.isascii() else _WORD_RE).findall(text)

@@ -44,3 +44,25 @@ def test_finds_planted_leaks_in_parquet_json_and_logs(tmp_path):
     }
     # The report names file, type and column, never the value.
     assert all("4111" not in str(h) and "jane" not in str(h).lower() for h in hits)
+
+
+def test_detector_mode_finds_unknown_pii_and_reports_no_value(tmp_path):
+    """Without a ground truth the scanner runs the desensitize stage's detector: masked
+    text is clean, a card and an e-mail nobody planted are counted, by type and source."""
+    clean = tmp_path / "clean"
+    clean.mkdir()
+    pd.DataFrame({"text": ["my card is <CARD>", "call me <PERSON>", "top up failed"]}).to_parquet(
+        clean / "part-0.parquet")
+    assert leakscan.detect_scan([clean]) == []
+
+    leaky = tmp_path / "leaky"
+    leaky.mkdir()
+    pd.DataFrame({"text": ["card 4111 1111 1111 1111 here", "card 5500 0000 0000 0004 too"]}).to_parquet(
+        leaky / "part-0.parquet")
+    (leaky / "task.log").write_text("INFO ok\nERROR bounced mail to jo.smith@example.org\n")
+    hits = leakscan.detect_scan([leaky])
+    got = {(h["path"].rsplit("/", 1)[-1], h["entity"], tuple(h["where"]), h["count"]) for h in hits}
+    assert got == {("part-0.parquet", "CARD", ("column text",), 2),
+                   ("task.log", "EMAIL", ("text",), 1)}
+    assert "4111" not in str(hits) and "jo.smith" not in str(hits)
+    assert all(h["sources"] for h in hits)
