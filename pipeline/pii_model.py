@@ -69,6 +69,13 @@ _SHORT_NUMBER_RE = re.compile(r"(?<!\d)\d{1,6}(?!\d)")
 _POSSESSIVE = ("'s", "’s")
 _SENT_END = frozenset(".!?;\n")
 _LIST_JOINS = frozenset((",", "and", "or", "&", "/"))
+# Closed classes that name lists hold (a given name somewhere) but messages never use as
+# names: weekdays, greetings and sign-off words, fillers ("thanks, bye", "due friday").
+_NEVER_NAMES = frozenset("""
+monday tuesday wednesday thursday friday saturday sunday bye goodbye hi hello hey hiya
+thanks thank thx cheers regards ok okay yes yeah yep no nope please pls sorry um uh erm
+hmm lol
+""".split())
 
 
 @functools.cache
@@ -169,6 +176,8 @@ def person_candidate(low: str) -> bool:
         tail = low.replace("’", "'").rsplit("'", 1)[1]
         if tail in ("t", "m", "ve", "d", "ll", "re", "s"):
             return False
+    if low in _NEVER_NAMES:
+        return False
     fb, lb, zb = word_class(low)
     return zb == "u" or int(zb) < 10 or fb in ("a", "b", "c") or lb in ("a", "b", "c")
 
