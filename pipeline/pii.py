@@ -45,7 +45,7 @@ from typing import TYPE_CHECKING
 import ahocorasick
 
 from pipeline import checksums as ck
-from pipeline.pii_model import tokenize
+from pipeline.pii_model import address_like, tokenize
 from pipeline.pii_phones import card_spans, phone_spans
 
 if TYPE_CHECKING:
@@ -511,7 +511,7 @@ me we you they he she it can't cannot don't didn't won't trying still just also 
 very much go going gone went through waiting wait sick tired stuck sure unable able
 happy sorry looking having making using paying unhappy confused worried abroad
 travelling traveling currently already now today yesterday tomorrow week month year day
-time some any all
+time some any all en
 """.split()
 )
 
@@ -971,18 +971,23 @@ def detect(text: str) -> list[Detection]:
     found, digits = _identifiers(text)
     caseless, scan, low = _case_forms(text)
     toks = None  # tokenized once, for whichever model needs it
-    address_model = _token_model("ADDRESS")
+    rules = _address_rules(text, scan, low, caseless, digits)  # (gated inside)
     if digits is not None and _may_hold_address(text, found):
         # Every address the model finds has a number.
-        rules = _address_rules(text, scan, low, caseless, digits)
         toks = tokenize(text)
         blocked = [(s, e) for s, e, _ in found]
         found += [
             (s, e, "ADDRESS~address-model")
-            for s, e in address_model.spans(text, caseless, rules, blocked, toks)
+            for s, e in _token_model("ADDRESS").spans(text, caseless, rules, blocked, toks)
         ]
-        if not caseless:  # in text with case the patterns stand on their own too
-            found += [(s, e, "ADDRESS") for s, e in rules]
+    # The patterns also stand on their own: in text with case all of them (the bare
+    # French form "rue de Leblanc" has no number); without case those with a house number
+    # and a street name besides the street type ("134 james creek", not "top 10 ways").
+    found += [
+        (s, e, "ADDRESS")
+        for s, e in rules
+        if not caseless or address_like(text[s:e].split())
+    ]
     cued, pairs = (
         _names(scan, caseless, _cue_starts(scan, low, caseless))
         if caseless or _may_hold_cased_name(text, low)

@@ -408,7 +408,7 @@ def _strip_punct(run: list[int], scored: list[tuple[int, int, str, float]]) -> l
     return run[lo:hi]
 
 
-def _address_like(toks: list[str]) -> bool:
+def address_like(toks: list[str]) -> bool:
     """A number and a word, and some word that is not a street type: "12 oak st", "via
     roma 5", but not "10 ways" or "2012 ford" (no street name)."""
     from pipeline import pii
@@ -586,7 +586,7 @@ class TokenModel:
                 runs.append([i])
         if not person:  # an address has a number and a word ("12 oak st", "via roma 5")
             runs = [_strip_punct(r, scored) for r in runs]
-            runs = [r for r in runs if r and _address_like([scored[i][2] for i in r])]
+            runs = [r for r in runs if r and address_like([scored[i][2] for i in r])]
         return [(scored[r[0]][0], scored[r[-1]][1]) for r in runs]
 
 

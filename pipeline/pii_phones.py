@@ -51,9 +51,8 @@ How, cards: a run of 12-19 digits, bare or in groups of four with one consistent
 dash or dot (or Amex 4-6-5), not touching a letter, a digit or another group, nor the tail
 of an IBAN. 13-19 digits must pass ``checksums.card_number_valid`` (Luhn), and an 18-digit
 number that has a PRC resident ID's structure is left to the ID (as ``pii`` does). 12
-digits must pass Luhn (``checksums.luhn_valid``) and start with one of Faker's Maestro
-prefixes (5018, 5020, 5038, 56-58, 6304, 6759, 6761-6763, 0604, 6390), since one random
-12-digit number in ten passes Luhn.
+digits must pass Luhn (``checksums.luhn_valid``) and start with a Maestro issuer prefix
+(``MAESTRO_PREFIXES``), since one random 12-digit number in ten passes Luhn.
 
 Why: ``pii``'s phone patterns know NANP, UK, DE, FR and CN shapes with 10+ digits and
 "+CC" numbers; text written by others (presidio-evaluator's Faker phones in many locales,
@@ -88,9 +87,11 @@ REGIONS = (
     "TN", "EE", "SI", "IS", "GR", "CY", "UY", "GL", "LU", "RO", "HR", "TR", "RU", "UA",
 )  # fmt: skip
 
-# Faker's Maestro prefixes (faker.providers.credit_card, "56##" etc. as "56").
-MAESTRO_PREFIXES = ("5018", "5020", "5038", "56", "57", "58", "6304", "6759", "6761", "6762",
-                    "6763", "0604", "6390")  # fmt: skip
+# Maestro issuer prefixes: the IIN ranges card networks publish (5018, 5020, 5038, 5893,
+# 6304, 6759, 6761-6763; 56-58 from the older "50, 56-69" range) and the two more that
+# Faker's generator uses (0604, 6390, as faker.providers.credit_card lists them).
+MAESTRO_PREFIXES = ("5018", "5020", "5038", "5893", "56", "57", "58", "6304", "6759", "6761",
+                    "6762", "6763", "0604", "6390")  # fmt: skip
 
 _DIGITS_AS_0 = bytes.maketrans(b"0123456789", b"0" * 10)
 

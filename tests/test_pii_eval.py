@@ -101,16 +101,17 @@ def test_the_halves_are_apart() -> None:
 
 # Floors per (set, case, type): the target, or the figure measured on the held-back half
 # less a margin where the target is not met (those are listed in docs/BENCHMARKS.md).
-# Measured 2026-12-05 (docs/BENCHMARKS.md): presidio PERSON 0.847/0.873 cased, 0.766/0.912
-# lower, 0.809/0.906 upper; ADDRESS 0.870/0.961 and 0.868/0.958; casual PERSON 0.837/0.966
-# (0.950 upper), ADDRESS 0.692/0.833 (13 addresses: one is 0.077).
+# Measured 2026-12-05 (docs/BENCHMARKS.md): presidio PERSON 0.847/0.873 cased, 0.766/0.914
+# lower, 0.809/0.908 upper; ADDRESS 0.870/0.961 cased, 0.866/0.928 without case; casual
+# PERSON 0.837/0.974 (0.958 upper), ADDRESS 0.846/0.917 (13 addresses: one is 0.077).
 FLOORS: dict[tuple[str, str, str], tuple[float, float]] = {
     ("presidio", "cased", "PERSON"): (0.82, 0.85),
     ("presidio", "lower", "PERSON"): (0.74, 0.89),
     ("presidio", "upper", "PERSON"): (0.78, 0.88),
-    **{("presidio", c, "ADDRESS"): (0.85, 0.94) for c in E.CASES},
+    ("presidio", "cased", "ADDRESS"): (0.85, 0.94),
+    **{("presidio", c, "ADDRESS"): (0.85, 0.91) for c in ("lower", "upper")},
     **{("casual", c, "PERSON"): (0.81, 0.93) for c in E.CASES},
-    **{("casual", c, "ADDRESS"): (0.61, 0.75) for c in E.CASES},
+    **{("casual", c, "ADDRESS"): (0.76, 0.83) for c in E.CASES},
 }
 
 
