@@ -49,6 +49,17 @@ def run_measured(cmd: list[str], env: dict[str, str]) -> dict[str, float]:
             "stdout": "".join(output)}
 
 
+def cpu_model() -> str:
+    """The processor's model name, for the machine line of a results file."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
 def write_results(results: dict, dest: str | Path) -> None:
     """Write and print a benchmark's results; paths of this machine stay out of them."""
     text = json.dumps(results, indent=2, default=str).replace(str(ROOT), ".")

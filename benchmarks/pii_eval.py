@@ -78,6 +78,7 @@ def timed(fn, texts: list[str]) -> float:
 
 
 def main() -> None:
+    from data_stages import cpu_model
     from pii_presidio import presidio_engines
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -155,7 +156,7 @@ def main() -> None:
     result = {
         "date": date.today().isoformat(),
         "machine": {"cpus": os.cpu_count(), "python": platform.python_version(),
-                    "platform": platform.platform(), "processor": _cpu_model()},
+                    "platform": platform.platform(), "processor": cpu_model()},
         "presidio_analyzer": getattr(presidio_analyzer, "__version__", "see constraints.txt"),
         "quality": quality, "false_positives": false_pos, "speed": speed,
     }
@@ -164,15 +165,6 @@ def main() -> None:
     dest.write_text(json.dumps(result, indent=1, ensure_ascii=False))
     print("wrote", dest.relative_to(ROOT))
 
-
-def _cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor()
 
 
 if __name__ == "__main__":

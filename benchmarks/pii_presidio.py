@@ -35,31 +35,17 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from pipeline import pii  # noqa: E402
-from pipeline.evaluate import locate_spans, pii_scores  # noqa: E402
+from pipeline.evaluate import pii_scores  # noqa: E402
+from pipeline.pii_eval import read_builder  # noqa: E402
 
 PRESIDIO_MAP = {"EMAIL_ADDRESS": "EMAIL", "PHONE_NUMBER": "PHONE", "CREDIT_CARD": "CARD",
                 "IBAN_CODE": "IBAN", "US_SSN": "US_SSN", "IP_ADDRESS": "IP_ADDRESS"}
 
 
 def load(raw_dir: Path) -> tuple[pd.DataFrame, dict[str, str]]:
-    files = sorted(raw_dir.glob("raw.*"))
-    if not files:
+    if not sorted(raw_dir.glob("raw.*")):
         raise SystemExit(f"no raw.* in {raw_dir}")
-    f = files[0]
-    if f.suffix == ".parquet":
-        raw = pd.read_parquet(f, columns=["ticket_id", "message"])
-    elif f.suffix == ".jsonl":
-        raw = pd.read_json(f, lines=True)[["ticket_id", "message"]]
-    else:  # malformed records are defects; the lenient reader skips them
-        raw = pd.read_csv(f, usecols=["ticket_id", "message"], dtype=str, keep_default_na=False,
-                          on_bad_lines="skip", engine="python")
-    gt = raw_dir / "ground_truth"
-    rows = pd.read_parquet(gt / "rows.parquet", columns=["ticket_id", "defect"])
-    ok = set(rows.loc[rows["defect"].isna(), "ticket_id"])
-    raw = raw[raw["ticket_id"].isin(ok)]
-    spans = pd.read_parquet(gt / "pii_spans.parquet")
-    truth, texts = locate_spans(raw, spans)
-    return truth, texts
+    return read_builder(raw_dir)
 
 
 def presidio_engines():

@@ -32,7 +32,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from data_stages import write_results  # noqa: E402
+from data_stages import cpu_model, write_results  # noqa: E402
 
 from pipeline.airflow_api import AirflowApi  # noqa: E402
 from pipeline.stage import run_dir  # noqa: E402
@@ -135,7 +135,7 @@ def main() -> None:
     results = {
         "command": "python benchmarks/pipeline_run.py " + " ".join(sys.argv[1:]),
         "rows": args.rows, "seed": args.seed, "services_up_seconds": round(up_seconds, 1),
-        "hardware": {"cores": os.cpu_count(), "cpu": _cpu()},
+        "hardware": {"cores": os.cpu_count(), "cpu": cpu_model()},
         "load_average_1_5_15_after": list(os.getloadavg()),
         "runs": runs,
         "figures": {
@@ -154,14 +154,6 @@ def main() -> None:
     write_results(results, args.results)
 
 
-def _cpu() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return "unknown"
 
 
 if __name__ == "__main__":

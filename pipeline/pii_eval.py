@@ -127,16 +127,15 @@ def load_casual(path: Path) -> list[Sample]:
     return out
 
 
-def load_builder(raw_dir: Path) -> list[Sample]:
-    """A raw-data builder output (``raw.*`` + ``ground_truth/``) as labeled samples: the
-    clean rows' normalized text, with the planted spans moved into it (decoys kept as
-    labels of their own type, so a detection on one is a false positive)."""
+def read_builder(raw_dir: Path):
+    """A raw-data builder output (``raw.*`` + ``ground_truth/``): the clean rows'
+    normalized texts by ticket id, and their planted spans moved into them (a DataFrame:
+    ticket_id, pii_type, start, end; ``pipeline.evaluate.locate_spans``)."""
     import pandas as pd
 
-    from pipeline import pii
     from pipeline.evaluate import locate_spans
 
-    f = sorted(raw_dir.glob("raw.*"))[0]
+    f = sorted(Path(raw_dir).glob("raw.*"))[0]
     if f.suffix == ".parquet":
         raw = pd.read_parquet(f, columns=["ticket_id", "message"])
     elif f.suffix == ".jsonl":
@@ -144,10 +143,18 @@ def load_builder(raw_dir: Path) -> list[Sample]:
     else:  # malformed records are defects; the lenient reader skips them
         raw = pd.read_csv(f, usecols=["ticket_id", "message"], dtype=str, keep_default_na=False,
                           on_bad_lines="skip", engine="python")
-    gt = raw_dir / "ground_truth"
+    gt = Path(raw_dir) / "ground_truth"
     rows = pd.read_parquet(gt / "rows.parquet", columns=["ticket_id", "defect"])
     raw = raw[raw["ticket_id"].isin(set(rows.loc[rows["defect"].isna(), "ticket_id"]))]
-    truth, texts = locate_spans(raw, pd.read_parquet(gt / "pii_spans.parquet"))
+    return locate_spans(raw, pd.read_parquet(gt / "pii_spans.parquet"))
+
+
+def load_builder(raw_dir: Path) -> list[Sample]:
+    """``read_builder`` as labeled samples, with our type names (decoys keep their own, so
+    a detection on one is a false positive)."""
+    from pipeline import pii
+
+    truth, texts = read_builder(raw_dir)
     by: dict[str, list] = {}
     for r in truth.itertuples():
         by.setdefault(r.ticket_id, []).append(
