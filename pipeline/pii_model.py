@@ -44,6 +44,7 @@ downstream sees the text) and are never written anywhere.
 
 from __future__ import annotations
 
+import bisect
 import functools
 import gzip
 import json
@@ -408,6 +409,22 @@ def _strip_punct(run: list[int], scored: list[tuple[int, int, str, float]]) -> l
     return run[lo:hi]
 
 
+def in_spans(toks: list[tuple[int, int, str]], spans: list[tuple[int, int]]) -> set[int]:
+    """The indices of the tokens that lie wholly inside one of ``spans`` (the rules'
+    matches): by bisection over the token starts, so a message of many matches stays
+    linear."""
+    if not spans:
+        return set()
+    starts = [t[0] for t in toks]
+    out = set()
+    for rs, re_ in spans:
+        i = bisect.bisect_left(starts, rs)
+        while i < len(toks) and toks[i][1] <= re_:
+            out.add(i)
+            i += 1
+    return out
+
+
 def address_like(toks: list[str]) -> bool:
     """A number and a word, and some word that is not a street type: "12 oak st", "via
     roma 5", but not "10 ways" or "2012 ford" (no street name)."""
@@ -505,6 +522,7 @@ class TokenModel:
         if not cands:
             return []
         info = address_info(toks, caseless, cands)
+        ruled = in_spans(toks, rule_spans)
         out = []
         w = self.w
         for i in cands:
@@ -512,8 +530,7 @@ class TokenModel:
             base = self.own_score(address_own(tok, caseless))
             if base < self.gate:
                 continue
-            in_rule = any(rs <= s and e <= re_ for rs, re_ in rule_spans)
-            ctx = address_context(toks, i, in_rule, text, info)
+            ctx = address_context(toks, i, i in ruled, text, info)
             out.append((s, e, tok, base + sum(w.get(f, 0.0) for f in ctx)))
         return out
 
@@ -529,6 +546,7 @@ class TokenModel:
         out = []
         w = self.w
         passing = self._passing[caseless]  # see may_find: no other word can be scored
+        ruled = in_spans(toks, rule_spans)
         for i, (s, e, tok) in enumerate(toks):
             if tok not in passing:
                 continue
@@ -541,8 +559,7 @@ class TokenModel:
                 cache[key] = base
             if base < self.gate:
                 continue
-            in_rule = any(rs <= s and e <= re_ for rs, re_ in rule_spans)
-            ctx = person_context(toks, i, caseless, in_rule)
+            ctx = person_context(toks, i, caseless, i in ruled)
             out.append((s, e, tok, base + sum(w.get(f, 0.0) for f in ctx)))
         return out
 
@@ -566,16 +583,14 @@ class TokenModel:
                 return len(gap) <= 3 and (gap.isspace() or gap in (". ", "."))
             return not gap or gap.isspace() or (len(gap) <= 3 and not gap.strip(" ,.\n"))
 
-        changed = any(keep)
-        while changed:  # grow each run by its neighbours over the join threshold
-            changed = False
-            for i in range(n):
-                if keep[i] or scored[i][3] < self.join:
-                    continue
-                if (i > 0 and keep[i - 1] and adjacent(i - 1, i)) or (
-                    i + 1 < n and keep[i + 1] and adjacent(i, i + 1)
-                ):
-                    keep[i] = changed = True
+        # Grow each run by its neighbours over the join threshold: rightwards in one sweep,
+        # leftwards in another (linear, however long the run).
+        for i in range(1, n):
+            if not keep[i] and keep[i - 1] and scored[i][3] >= self.join and adjacent(i - 1, i):
+                keep[i] = True
+        for i in range(n - 2, -1, -1):
+            if not keep[i] and keep[i + 1] and scored[i][3] >= self.join and adjacent(i, i + 1):
+                keep[i] = True
         runs: list[list[int]] = []
         for i in range(n):
             if not keep[i]:

@@ -338,6 +338,8 @@ def test_no_detections_in_the_original_banking77_messages() -> None:
     "A" * 30_000 + " " + "B" * 30_000,
     ":" * 10_000 + "a" * 10,
     " ".join(["Word"] * 20_000),                     # a long run of capitalized words
+    " ".join(["Anna"] * 20_000),                     # ... of names (the name model's runs)
+    " ".join(["12 Main Street"] * 5_000),            # ... of addresses (the address model)
     "\udcff\udcfe broken bytes decoded with surrogateescape",
     "",
 ])  # fmt: skip

@@ -71,9 +71,10 @@ def examples(samples: list[pii_eval.Sample], kind: str):
         gold = [(a, b) for a, b, t in s.spans if t == kind]
         blocked = pii.identifier_spans(s.text) if kind == "ADDRESS" else []
         info = pii_model.address_info(toks, caseless) if kind == "ADDRESS" else None
+        ruled = pii_model.in_spans(toks, rules)
         for i in pii_model.candidates(toks, kind, blocked):
             ts, te, tok = toks[i]
-            in_rule = any(rs <= ts and te <= re_ for rs, re_ in rules)
+            in_rule = i in ruled
             if kind == "PERSON":
                 own, ctx = pii_model.token_features(toks, i, caseless, in_rule)
             else:
