@@ -113,3 +113,16 @@ def test_pseudonyms_are_deterministic_per_key(spark, upstream, monkeypatch) -> N
     src = _tokens(spark, src_dir)
     for i in range(0, len(src), 50):
         assert pii.mask(src.loc[i, "text"], "pseudonym", key)[0] == ta.loc[i, "text"]
+
+
+def test_a_new_detector_model_is_a_new_stage_key(tmp_path, monkeypatch) -> None:
+    """The stage's code version covers the detector's modules and its shipped table and
+    weights: retrained weights must never be a cache hit on text the old model masked."""
+    from jobs.spark import desensitize
+    from pipeline import pii_model
+
+    before = desensitize._code_version()
+    weights = tmp_path / "token_models.json.gz"
+    weights.write_bytes(pii_model.MODEL.read_bytes() + b"\0")
+    monkeypatch.setattr(pii_model, "MODEL", weights)
+    assert desensitize._code_version() != before

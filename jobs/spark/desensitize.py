@@ -186,7 +186,12 @@ def run(cfg: PipelineConfig, run_id: str, spark=None, dedup_output: str | None =
 
 
 def _code_version() -> str:
-    return stage.code_version([Path(__file__), common, pii, stage])
+    # The detector is pii and what it imports, and its shipped table and weights: a new
+    # model is new output, never a cache hit on text the old one masked.
+    from pipeline import checksums, pii_model, pii_phones
+
+    return stage.code_version([Path(__file__), common, pii, pii_model, pii_phones, checksums,
+                               pii_model.TABLE, pii_model.MODEL, stage])
 
 
 def main(argv: list[str] | None = None) -> None:
