@@ -567,10 +567,11 @@ class TokenModel:
         self, text: str, caseless: bool, rule_spans: list[tuple[int, int]],
         blocked: list[tuple[int, int]] = (), toks: list[tuple[int, int, str]] | None = None,
     ) -> list[tuple[int, int]]:
-        """Name spans: runs of words over the threshold, separated by spaces only (or by
-        the period of an initial: "J. Freeman"). A word next to a name joins it at a lower
-        threshold (``join``): "Tamila Musliyevich", where the rare family name alone is
-        not convincing."""
+        """Spans: runs of tokens over the threshold. Names: words separated by spaces only
+        (or by the period of an initial: "J. Freeman"); addresses: tokens separated by
+        spaces, line breaks, commas or periods, with a number and a street name. A token
+        next to a run joins it at a lower threshold (``join``): "Tamila Musliyevich",
+        where the rare family name alone is not convincing."""
         scored = self.token_scores(text, caseless, rule_spans, blocked, toks)
         n = len(scored)
         keep = [sc >= self.threshold for *_, sc in scored]
