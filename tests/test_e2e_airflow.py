@@ -359,6 +359,12 @@ def test_pseudonym_key_from_the_airflow_connection(airflow_env, first_run):
     key = "conn-key-5f0c3a9e1b7d4c2a"
     env = {k: v for k, v in env.items() if k != "INTENTOPS_PSEUDONYM_KEY"}
     env["AIRFLOW_CONN_INTENTOPS_PSEUDONYM"] = json.dumps({"conn_type": "generic", "password": key})
+    # This run's subject is the key's path, not the rollout: its 40-step model and the
+    # first run's agree with each other only by chance (2.8% once, after the detector's
+    # masks changed), so the canary's agreement and accuracy limits are opened for it.
+    # tests/test_canary.py runs both limits on (a wrong model is rolled back).
+    env["INTENTOPS__DEPLOY__MIN_AGREEMENT"] = "0"
+    env["INTENTOPS__DEPLOY__MAX_ACCURACY_DROP"] = "1"
     conf = json.dumps({"input_path": str(raw / "raw.csv"), "pii_mode": "pseudonym", **TRAIN_CONF})
     out = subprocess.run(["airflow", "dags", "test", "intentops_pipeline", "--conf", conf],
                          env=env, cwd=ROOT, capture_output=True, text=True, timeout=1200)
