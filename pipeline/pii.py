@@ -1,30 +1,35 @@
-"""PII detection and masking for customer messages: rules, validators, a name lexicon.
+"""PII detection and masking for customer messages: rules, validators, token models.
 
 What: ``detect(text)`` finds person names, e-mails, phone numbers, payment cards, IBANs,
-US SSNs, PRC resident IDs, street addresses and IP addresses; ``mask(text, mode, key)``
-replaces each with a typed placeholder (``<EMAIL>``) or a keyed pseudonym
-(``<EMAIL_3f9a0c17d2>``, HMAC-SHA256 of the canonical value); ``mask_series`` does it for a
-pandas Series (the Spark job calls it from ``mapInArrow``).
+US SSNs, PRC resident IDs, street addresses and IP addresses, each ``Detection`` naming
+the rule or model that found it (``source``); ``mask(text, mode, key)`` replaces each
+with a typed placeholder (``<EMAIL>``) or a keyed pseudonym (``<EMAIL_3f9a0c17d2>``,
+HMAC-SHA256 of the canonical value); ``mask_series`` does it for a pandas Series (the
+Spark job calls it from ``mapInArrow``).
 
 How, per type:
 
 * identifiers (card, IBAN, SSN, PRC ID, IP) are found by shape and kept only if their
   check digits or structure validate (``pipeline.checksums``, ``ipaddress``): a 16-digit
   order number that fails Luhn stays as it is;
-* phones by national shapes (NANP, UK, DE, FR, CN, any ``+CC``) with a digit-count bound;
-* addresses by house number + street words + a street-type lexicon (USPS Publication 28
-  suffixes; French voie types; German ``-straße``/``-weg``/... compounds), with unit prefixes
-  (Flat, Apt., Suite, Studio) and an optional trailing city;
-* names by context and a lexicon: a cue ("my name is", "regards,", "on behalf of", a title
-  "Mr.", ...) followed by capitalized name tokens (with particles: van, de, von, da, ...),
-  or, without a cue, a "Given Family" pair whose parts are in the US Census name lists
-  (the ``names`` package: 5,494 given and 88,799 family names). In text without case
-  (all lower or all upper) only cues work, and tokens must not be common English words.
+* phones by national shapes (NANP, UK, DE, FR, CN, any ``+CC``) with a digit-count
+  bound, and, in ``pipeline.pii_phones``, national formats of many countries checked with
+  libphonenumber; 12-digit Maestro cards by Luhn and their issuer prefix there too;
+* addresses by the ADDRESS token model (``pipeline.pii_model``) near a house number, and
+  by the patterns here: house number + street words + a street-type lexicon (USPS
+  Publication 28 suffixes; French voie types; German ``-straße``/``-weg``/... compounds),
+  unit prefixes (Flat, Apt., Suite, Studio) and an optional trailing city; in text
+  without case a pattern's match stands alone only with a street name besides the type;
+* names by the PERSON token model (a name-frequency prior, the word's shape and context),
+  which reads the cue rules here as features: a cue ("my name is", "regards,", "on behalf
+  of", a title "Mr.", ...) followed by capitalized name tokens (with particles: van, de,
+  von, da, ...), or, without a cue, a "Given Family" pair from the US Census name lists
+  (the ``names`` package). In text with case the cued names also stand alone.
 
-Why rules and not an NER model: no offline NER model installs from the package
-registries here (spaCy and Hugging Face models download at run time), and Presidio's
-own recognizers for these types are regexes plus the same validators; we measure against
-them in ``benchmarks/pii_presidio.py``.
+Why no NER model: none installs offline from the package registries here (spaCy and
+Hugging Face models download at run time); Presidio's own recognizers for these types
+are regexes plus the same validators. ``benchmarks/pii_eval.py`` measures both on text
+nobody here wrote.
 
 Input is expected NFKC-normalized (the clean stage does it); ``mask`` normalizes text
 that is not, so full-width digits are still found.
