@@ -51,7 +51,7 @@ import ahocorasick
 
 from pipeline import checksums as ck
 from pipeline.pii_model import address_like, tokenize
-from pipeline.pii_phones import card_spans, phone_spans
+from pipeline.pii_phones import _DIGITS_AS_0, card_spans, phone_spans
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterable, Iterator
@@ -283,7 +283,6 @@ _HINTS = {
 }  # fmt: skip
 
 
-_DIGITS_AS_0 = bytes.maketrans(b"0123456789", b"0" * 10)
 
 
 def _matches(rx: re.Pattern[str], text: str, zone: tuple[int, int]) -> Iterator[re.Match[str]]:
@@ -939,9 +938,9 @@ def _identifiers(text: str) -> tuple[list[tuple[int, int, str]], tuple[int, int]
         if n_digits >= 9:
             found += _phone_spans(text, zone, n_digits)
         if n_digits >= 7:  # national formats, checked by libphonenumber (pii_phones)
-            found += [(s, e, "PHONE~phone-shapes+libphonenumber") for s, e in phone_spans(text)]
+            found += [(s, e, "PHONE~phone-shapes+libphonenumber") for s, e in phone_spans(text, n_digits)]
         if n_digits >= 12:  # 12-digit Maestro numbers and cards in any grouping
-            found += [(s, e, "CARD~card-pattern+luhn+iin") for s, e in card_spans(text)]
+            found += [(s, e, "CARD~card-pattern+luhn+iin") for s, e in card_spans(text, n_digits)]
     if text.count(":") >= 2:  # IPv6 needs no digit
         found += _valid(_IPV6_RE, "IP_ADDRESS", _ip_ok, text, (0, len(text)))
     return found, digits

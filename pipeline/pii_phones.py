@@ -379,9 +379,10 @@ def _phone_end(text: str, m: re.Match[str]) -> int | None:
     return None
 
 
-def phone_spans(text: str) -> list[tuple[int, int]]:
-    """Phone numbers in ``text`` as sorted, non-overlapping ``(start, end)`` spans."""
-    if not text or _n_digits(text) < 7:
+def phone_spans(text: str, n_digits: int | None = None) -> list[tuple[int, int]]:
+    """Phone numbers in ``text`` as sorted, non-overlapping ``(start, end)`` spans;
+    ``n_digits``: its ASCII digit count, when the caller has it (``pii.detect`` does)."""
+    if not text or (_n_digits(text) if n_digits is None else n_digits) < 7:
         return []
     out = []
     for m in _RUN_RE.finditer(text):
@@ -416,9 +417,10 @@ def _card_ok(s: str) -> bool:
     )
 
 
-def card_spans(text: str) -> list[tuple[int, int]]:
-    """Payment card numbers in ``text`` as sorted, non-overlapping ``(start, end)`` spans."""
-    if not text or _n_digits(text) < 12:
+def card_spans(text: str, n_digits: int | None = None) -> list[tuple[int, int]]:
+    """Payment card numbers in ``text`` as sorted, non-overlapping ``(start, end)`` spans
+    (``n_digits`` as in ``phone_spans``)."""
+    if not text or (_n_digits(text) if n_digits is None else n_digits) < 12:
         return []
     return [
         m.span()
