@@ -71,7 +71,7 @@ bench: $(VENV)/.installed
 	$(BIN)/python benchmarks/export.py --repeats 3
 
 # The PII detector's build tools (tools/). Not needed to run or test the pipeline: their
-# outputs are committed (pipeline/pii_data/, data/pii_eval/). presidio-evaluator needs
+# outputs are committed (pii/data/, data/pii_eval/). presidio-evaluator needs
 # pandas 3 and names-dataset holds 3 GB in memory, so the first two run in a venv of their
 # own; the token models train in the project's venv (scikit-learn).
 PII_TOOLS := .venv-pii-tools
@@ -84,11 +84,11 @@ $(PII_TOOLS)/.installed: tools/requirements-pii.txt
 pii-corpus: $(PII_TOOLS)/.installed
 	$(PII_TOOLS)/bin/python tools/pii_corpus.py --out data/pii_eval
 
-# the trimmed name / English-word table (pipeline/pii_data/names.tsv.gz)
+# the trimmed name / English-word table (pii/data/names.tsv.gz)
 pii-tables: $(PII_TOOLS)/.installed
 	$(PII_TOOLS)/bin/python tools/pii_tables.py
 
-# the PERSON and ADDRESS token models (pipeline/pii_data/token_models.json.gz)
+# the PERSON and ADDRESS token models (pii/data/token_models.json.gz)
 pii-models: $(VENV)/.installed
 	$(BIN)/python tools/pii_token_models.py
 

@@ -98,7 +98,7 @@ def main() -> None:
     if args.reuse_raw and (raw_dir / "raw.csv").exists():
         build = {"wall_s": None, "peak_rss_mb": None, "stdout": "", "reused": True}
     else:
-        build = run_measured([sys.executable, "-m", "pipeline.rawdata", "--out", str(raw_dir), "--rows",
+        build = run_measured([sys.executable, "-m", "demo.builder", "--out", str(raw_dir), "--rows",
                           str(args.rows), "--seed", str(args.seed), "--format", "csv"], env)
     build.pop("stdout")
     results["build"] = build | {"rows_per_s": round(args.rows / build["wall_s"]) if build["wall_s"] else None}
@@ -141,7 +141,7 @@ def main() -> None:
             "stats": last["stats"],
         }
     if {"clean", "dedup"} <= set(args.stages):
-        from pipeline.evaluate import evaluate
+        from demo.groundtruth import evaluate
 
         c, d = runs[-1]["clean"], runs[-1]["dedup"]
         results["quality"] = evaluate(raw_dir / "ground_truth", c["path"], d["path"],

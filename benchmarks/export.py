@@ -39,10 +39,10 @@ def main() -> None:
     ap.add_argument("--model-dir", default=str(ROOT / "var/bench/training/accuracy/run/model"))
     ap.add_argument("--repeats", type=int, default=3)
     args = ap.parse_args()
+    from core.config import ExportConfig
     from export import build, onnx_build
     from export.runtime import TextEncoder, session
-    from pipeline.config import ExportConfig
-    from pipeline.textnorm import normalize_label
+    from textnorm import normalize_label
     from training.models import load_trained
 
     model_dir = Path(args.model_dir)

@@ -6,7 +6,7 @@ process (its output removed between repeats, so each is a full run, not a cache 
 Reported: wall time and peak resident memory of the label-QA process (median), the
 relabel queue's precision and recall against the ground truth, exported-label error
 detection, and the accuracy of the consensus and curated labels
-(``pipeline.evaluate.labelqa_scores`` documents each figure).
+(``demo.groundtruth.labelqa_scores`` documents each figure).
 
     .venv/bin/python benchmarks/labelqa.py [--rows 100000] [--rates 0.05 0.10] [--repeats 3]
 
@@ -44,7 +44,7 @@ def main() -> None:
     ap.add_argument("--results", default="benchmarks/results/labelqa.json")
     args = ap.parse_args()
 
-    from pipeline.evaluate import labelqa_scores
+    from demo.groundtruth import labelqa_scores
 
     bin_dir = Path(sys.executable).parent
     env = dict(os.environ, PATH=f"{bin_dir}{os.pathsep}{os.environ['PATH']}",

@@ -1,6 +1,6 @@
 """Benchmark: PII detection quality per source, ours against Presidio, and throughput.
 
-Sources (``pipeline/pii_eval.py`` and ``data/pii_eval/SOURCE.md`` describe them):
+Sources (``pii/evaluation.py`` and ``data/pii_eval/SOURCE.md`` describe them):
 
 * ``builder``: the project's raw-data builder (20,000 rows, seed 11, Banking77 *test*
   messages); our own generator, so its figures are an upper bound;
@@ -41,8 +41,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from pipeline import pii  # noqa: E402
-from pipeline import pii_eval as E  # noqa: E402
+from pii import detector as pii  # noqa: E402
+from pii import evaluation as E  # noqa: E402
 
 TYPES = ("PERSON", "ADDRESS", "PHONE", "CARD", "EMAIL", "IBAN", "US_SSN", "PRC_ID", "IP_ADDRESS")
 PRESIDIO_MAP = {"EMAIL_ADDRESS": "EMAIL", "PHONE_NUMBER": "PHONE", "CREDIT_CARD": "CARD",
@@ -62,7 +62,7 @@ def presidio_detector(analyzer):
 
 
 def builder_set(rows: int, seed: int) -> list[E.Sample]:
-    from pipeline.rawdata import BuilderConfig, build_raw
+    from demo.builder import BuilderConfig, build_raw
 
     raw_dir = ROOT / "var" / "bench" / f"pii-{rows}-test-{seed}"
     if not (raw_dir / "raw.parquet").exists():

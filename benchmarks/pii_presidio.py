@@ -1,12 +1,12 @@
 """Benchmark: our PII detector against Microsoft Presidio, side by side, on builder rows.
 
 Both run in this one process, one after the other, on the same normalized texts (the
-clean stage's output form) and the same core: ours is ``pipeline.pii.mask``; Presidio is
+clean stage's output form) and the same core: ours is ``pii.detector.mask``; Presidio is
 ``AnalyzerEngine.analyze`` + ``AnonymizerEngine.anonymize`` with its pattern recognizers
 (email, phone via ``phonenumbers``, credit card, IBAN, US SSN, IP) and a blank spaCy
 pipeline saved to disk as its NLP engine (no NER model: none installs offline). Presidio
 has no PRC ID, name or address recognizer without NER, so those rows of its table are
-empty. Scored against the builder's ground truth with ``pipeline.evaluate.pii_scores``:
+empty. Scored against the builder's ground truth with ``demo.groundtruth.pii_scores``:
 recall (planted span inside a detection of its type), precision, decoys flagged.
 
     .venv/bin/pip install -c constraints.txt '.[bench]'
@@ -34,9 +34,9 @@ import pandas as pd
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from pipeline import pii  # noqa: E402
-from pipeline.evaluate import pii_scores  # noqa: E402
-from pipeline.pii_eval import read_builder  # noqa: E402
+from demo.groundtruth import pii_scores  # noqa: E402
+from pii import detector as pii  # noqa: E402
+from pii.evaluation import read_builder  # noqa: E402
 
 PRESIDIO_MAP = {"EMAIL_ADDRESS": "EMAIL", "PHONE_NUMBER": "PHONE", "CREDIT_CARD": "CARD",
                 "IBAN_CODE": "IBAN", "US_SSN": "US_SSN", "IP_ADDRESS": "IP_ADDRESS"}
@@ -109,7 +109,7 @@ def main() -> None:
     if args.raw:
         raw_dir = Path(args.raw)
     else:
-        from pipeline.rawdata import BuilderConfig, build_raw
+        from demo.builder import BuilderConfig, build_raw
 
         raw_dir = ROOT / "var" / "bench" / "pii-20000"
         if not (raw_dir / "raw.parquet").exists():

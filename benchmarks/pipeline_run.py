@@ -34,8 +34,8 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from data_stages import cpu_model, write_results  # noqa: E402
 
-from pipeline.airflow_api import AirflowApi  # noqa: E402
-from pipeline.stage import run_dir  # noqa: E402
+from core.stage import run_dir  # noqa: E402
+from ops.airflow_api import AirflowApi  # noqa: E402
 
 MODEL = "intentops-intent-classifier"
 TARGETS = {"first_run_minutes": ("<=", 20.0), "second_run_share_of_first": ("<=", 0.10),
@@ -91,9 +91,9 @@ def main() -> None:
         # creates for the latest interval on unpausing skips at once.
         INTENTOPS__INPUT__PATH=str(base / "raw" / "daily"),
     )
-    cli = [sys.executable, "-m", "pipeline.cli"]
+    cli = [sys.executable, "-m", "ops.cli"]
     raw = base / "raw"
-    subprocess.run([sys.executable, "-m", "pipeline.rawdata", "--out", str(raw), "--rows", str(args.rows),
+    subprocess.run([sys.executable, "-m", "demo.builder", "--out", str(raw), "--rows", str(args.rows),
                     "--seed", str(args.seed), "--format", "csv", "--daily"], env=env, cwd=ROOT, check=True)
     t_up = time.perf_counter()
     up = subprocess.run([*cli, "up"], env=env, cwd=ROOT, capture_output=True, text=True)

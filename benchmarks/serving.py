@@ -39,9 +39,9 @@ KEY = "bench-key"
 def ensure_build(model_dir: Path, out: Path) -> Path:
     if (out / "int8" / "model.onnx").exists():
         return out / "int8"
+    from core.config import ExportConfig
     from export import build
-    from pipeline.config import ExportConfig
-    from pipeline.textnorm import normalize_label
+    from textnorm import normalize_label
 
     test = pd.read_csv(ROOT / "data/banking77/test.csv")
     build.build_all(model_dir, test.text.tolist(), test.category.map(normalize_label).tolist(),

@@ -125,7 +125,7 @@ def ensure_mlflow_version(model_dir: Path, store: Path, model_sha: str) -> tuple
     ``model_dir``, logged with the train stage's own code; (tracking URI, model URI)."""
     from mlflow.tracking import MlflowClient
 
-    from pipeline.config import PipelineConfig, TrackingConfig
+    from core.config import PipelineConfig, TrackingConfig
     from training.task import _log_model
 
     store.mkdir(parents=True, exist_ok=True)

@@ -40,7 +40,7 @@ from data_stages import write_results  # noqa: E402
 def curated(out: Path) -> Path:
     from sklearn.model_selection import train_test_split
 
-    from pipeline.textnorm import normalize_label
+    from textnorm import normalize_label
 
     train = pd.read_csv(ROOT / "data" / "banking77" / "train.csv")
     test = pd.read_csv(ROOT / "data" / "banking77" / "test.csv")

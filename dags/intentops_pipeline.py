@@ -211,9 +211,9 @@ def intentops_pipeline():
         not a failure)."""
         from airflow.sdk.exceptions import AirflowSkipException
 
-        from pipeline import partitions as parts
-        from pipeline.config import PROJECT_ROOT
-        from pipeline.runs import resolve_run_config
+        from core import partitions as parts
+        from core.config import PROJECT_ROOT
+        from core.runs import resolve_run_config
 
         run_type = getattr(dag_run, "run_type", None)
         run_type = str(getattr(run_type, "value", run_type) or "")
@@ -259,8 +259,8 @@ def intentops_pipeline():
         much; the Data Docs stay in the lake (path in the log)."""
         from airflow.sdk.exceptions import AirflowFailException
 
-        from pipeline import gate, validation
-        from pipeline.runs import load_run_config
+        from core.runs import load_run_config
+        from quality import gate, validation
 
         result = gate.run(load_run_config(config_path), run_id)
         print(f"validation result and Data Docs: {result.path}")
@@ -278,8 +278,8 @@ def intentops_pipeline():
         act on (path in the log and the error)."""
         from airflow.sdk.exceptions import AirflowFailException
 
-        from pipeline import labelqa as qa
-        from pipeline.runs import load_run_config
+        from core.runs import load_run_config
+        from quality import labelqa as qa
 
         result = qa.run(load_run_config(config_path), run_id)
         print(f"label QA report, relabel queue and curated set: {result.path}")
@@ -293,7 +293,7 @@ def intentops_pipeline():
     @task(retries=2)
     def train(config_path: str, run_id: str) -> str:
         """torchrun process group; a retry resumes from the newest checkpoint."""
-        from pipeline.runs import load_run_config
+        from core.runs import load_run_config
         from training import task as t
 
         result = t.train(load_run_config(config_path), run_id)
@@ -305,7 +305,7 @@ def intentops_pipeline():
     @task(pool="intentops_registry")
     def register(config_path: str, run_id: str) -> str:
         """The registry gate. Serialized by the one-slot pool (and a file lock)."""
-        from pipeline.runs import load_run_config
+        from core.runs import load_run_config
         from training import task as t
 
         result = t.register(load_run_config(config_path), run_id)
@@ -324,9 +324,9 @@ def intentops_pipeline():
         attached marked failed (serving refuses it); the task itself succeeds."""
         from airflow.sdk.exceptions import AirflowFailException
 
+        from core.runs import load_run_config
         from export import task as ex
         from export.onnx_build import ExportError
-        from pipeline.runs import load_run_config
 
         try:
             result = ex.export(load_run_config(config_path), run_id)
@@ -350,8 +350,8 @@ def intentops_pipeline():
         the version, rollout chart in MLflow) and the task fails at once with the reason."""
         from airflow.sdk.exceptions import AirflowFailException
 
+        from core.runs import load_run_config
         from deploy import task as dt
-        from pipeline.runs import load_run_config
 
         cfg = load_run_config(config_path)
         result = dt.deploy(cfg, run_id)
@@ -372,7 +372,7 @@ def intentops_pipeline():
         """Per-stage summary of the run, logged and saved beside the run's pointers."""
         from airflow.sdk.exceptions import AirflowSkipException
 
-        from pipeline.runs import write_summary
+        from core.runs import write_summary
 
         if config_path is None:  # resolve_config skipped (no data in the interval) or failed
             raise AirflowSkipException("the run's config was never resolved: nothing to summarize")
@@ -405,7 +405,7 @@ def intentops_pipeline():
         beside the run's pointers and logged to the registered model version in MLflow."""
         from airflow.sdk.exceptions import AirflowSkipException
 
-        from pipeline import report as run_report
+        from ops import report as run_report
 
         if config_path is None:  # as in summary: no resolved config, nothing to report on
             raise AirflowSkipException("the run's config was never resolved: no report")

@@ -36,6 +36,8 @@ from typing import Any
 
 import httpx
 
+from core import tracking
+from core.config import PipelineConfig
 from deploy.deployment import (
     ALIAS_CHALLENGER,
     ALIAS_CHAMPION,
@@ -45,8 +47,6 @@ from deploy.deployment import (
     DeployError,
     Deployment,
 )
-from pipeline import tracking
-from pipeline.config import PipelineConfig
 
 log = logging.getLogger(__name__)
 

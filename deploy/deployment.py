@@ -33,8 +33,8 @@ from typing import Any
 
 import httpx
 
-from pipeline import procs
-from pipeline.config import PROJECT_ROOT, PipelineConfig
+from core import procs
+from core.config import PROJECT_ROOT, PipelineConfig
 
 log = logging.getLogger(__name__)
 ALIAS_CHAMPION = "champion"
@@ -223,7 +223,7 @@ class Deployment:
 
     def fetch_build(self, name: str, version: str) -> Path:
         """The version's int8 build, downloaded once; refuses a build that failed its gate."""
-        from pipeline import tracking
+        from core import tracking
 
         dst = self.root / "builds" / f"v{version}"
         if (dst / "model.onnx").exists():
@@ -282,7 +282,7 @@ class Deployment:
         return out
 
     def aliases(self) -> dict[str, str]:
-        from pipeline import tracking
+        from core import tracking
 
         rm = tracking.mlflow_client(self.cfg).get_registered_model(self.cfg.training.registered_model)
         return dict(rm.aliases or {})
@@ -320,7 +320,7 @@ class Deployment:
         return stable
 
     def _has_model(self, name: str) -> bool:
-        from pipeline import tracking
+        from core import tracking
 
         try:
             tracking.mlflow_client(self.cfg).get_registered_model(name)
@@ -331,7 +331,7 @@ class Deployment:
     def rollback(self) -> dict[str, Any]:
         """Serve the ``previous`` alias's build now, without a canary, and swap the aliases
         (``champion`` <-> ``previous``), so a second rollback rolls forward again."""
-        from pipeline import tracking
+        from core import tracking
 
         name = self.cfg.training.registered_model
         client = tracking.mlflow_client(self.cfg)

@@ -13,9 +13,9 @@ import logging
 from pathlib import Path
 from typing import Any
 
+from core import stage, tracking
+from core.config import PipelineConfig
 from deploy import canary, deployment
-from pipeline import stage, tracking
-from pipeline.config import PipelineConfig
 
 log = logging.getLogger(__name__)
 DEPLOY = "deploy"

@@ -23,9 +23,9 @@ from typing import Any
 
 import numpy as np
 
+from core.config import ExportConfig
 from export import onnx_build as ob
 from export.runtime import MODEL_FILE, TextEncoder, session
-from pipeline.config import ExportConfig
 
 log = logging.getLogger(__name__)
 

@@ -26,9 +26,9 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from core import stage, tracking
+from core.config import PipelineConfig
 from export import build, onnx_build, runtime
-from pipeline import stage, tracking
-from pipeline.config import PipelineConfig
 
 log = logging.getLogger(__name__)
 EXPORT = "export"

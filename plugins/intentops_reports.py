@@ -6,7 +6,7 @@
     (``<lake>/runs/<run_id>/report.html``, written by the DAG's ``report`` task);
   - ``GET /intentops/runs/{run_id}/files/{stage}/{path}``: the stage files the report
     links (Data Docs, the label-QA report, ...), read-only from the output the run used.
-    Only the files in ``pipeline.report.SERVED_FILES`` are served: nothing of the raw
+    Only the files in ``ops.report.SERVED_FILES`` are served: nothing of the raw
     zone (clean, dedup), no path outside a stage's output.
 
   Both need read access to the DAG's runs, checked by Airflow's auth manager (the UI's
@@ -50,14 +50,14 @@ async def require_run_access(request: Request) -> None:
 
 
 def _configured_lake() -> Path:
-    from pipeline.config import load_config
+    from core.config import load_config
 
     return load_config().lake
 
 
 def create_app(lake: Path | Callable[[], Path] = _configured_lake) -> FastAPI:
-    from pipeline import stage
-    from pipeline.report import REPORT_FILE, servable
+    from core import stage
+    from ops.report import REPORT_FILE, servable
 
     lake_of = lake if callable(lake) else (lambda: lake)
     app = FastAPI(title="intentops run reports", docs_url=None, redoc_url=None, openapi_url=None,

@@ -15,8 +15,8 @@ ROOT = Path(__file__).resolve().parent.parent
 
 @pytest.fixture(scope="session")
 def spark():
+    from core.config import load_config
     from jobs.spark.common import get_spark
-    from pipeline.config import load_config
 
     cfg = load_config(overrides={"spark.master": "local[2]", "spark.shuffle_partitions": 2})
     session = get_spark(cfg, "intentops-tests")
@@ -115,8 +115,8 @@ def trained(tmp_path_factory, project_env) -> dict:
 @pytest.fixture(scope="session")
 def exported(trained, tmp_path_factory) -> dict:
     """fp32 and int8 builds of the ``trained`` model (one candidate), with the report."""
+    from core.config import ExportConfig
     from export import build
-    from pipeline.config import ExportConfig
 
     out = tmp_path_factory.mktemp("exported")
     rep = build.build_all(trained["model_dir"], trained["texts"], trained["labels"], trained["ids"],

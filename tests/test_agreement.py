@@ -7,7 +7,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from pipeline import agreement
+from quality import agreement
 
 
 def _long_from_counts(counts: np.ndarray, classes: list[str]) -> pd.DataFrame:

@@ -14,7 +14,7 @@ from datetime import UTC, datetime
 import httpx
 import pytest
 
-from pipeline.airflow_api import AirflowApi
+from ops.airflow_api import AirflowApi
 
 
 class FakeAirflow:
@@ -54,7 +54,7 @@ class FakeAirflow:
 
 
 def _client(fake: FakeAirflow, monkeypatch) -> AirflowApi:
-    monkeypatch.setattr("pipeline.airflow_api.time.sleep", lambda s: None)
+    monkeypatch.setattr("ops.airflow_api.time.sleep", lambda s: None)
     real = httpx.Client
 
     def client(*a, **kw):

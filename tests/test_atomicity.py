@@ -13,7 +13,7 @@ from pathlib import Path
 import pandas as pd
 from conftest import ROOT
 
-from pipeline import stage
+from core import stage
 
 
 def _export(path: Path, n: int, suffix: str) -> None:

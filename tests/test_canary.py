@@ -13,10 +13,10 @@ import httpx
 import psutil
 import pytest
 
+from core.config import load_config
 from deploy import canary, deployment
 from deploy.deployment import DeployError, Deployment
 from export import task as export_task
-from pipeline.config import load_config
 
 
 @pytest.fixture(scope="module")

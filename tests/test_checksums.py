@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from pipeline import checksums as ck
+from pii import checksums as ck
 
 
 @pytest.mark.parametrize(

@@ -8,10 +8,10 @@ import json
 import pandas as pd
 import pytest
 
+import textnorm
+from core.config import load_config
+from core.stage import StageError
 from jobs.spark import clean
-from pipeline import textnorm
-from pipeline.config import load_config
-from pipeline.stage import StageError
 
 HEADER = ["ticket_id", "created_at", "channel", "message", "intent", "annotations"]
 TS = "2026-11-01T10:00:00Z"

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
-from pipeline.config import load_config
+from core.config import load_config
 
 
 def test_defaults_from_repo_yaml():

@@ -9,9 +9,9 @@ import pandas as pd
 import pyarrow as pa
 import pytest
 
+import textnorm
+from core.config import DedupConfig
 from jobs.spark import dedup
-from pipeline import textnorm
-from pipeline.config import DedupConfig
 
 T0 = dt.datetime(2026, 11, 1, 10, 0, 0)
 KEY_CASES = [

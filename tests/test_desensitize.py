@@ -10,10 +10,12 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
+from core import stage
+from core.config import load_config
+from demo.builder import BuilderConfig, build_raw
 from jobs.spark import clean, dedup, desensitize
-from pipeline import leakscan, pii, stage
-from pipeline.config import load_config
-from pipeline.rawdata import BuilderConfig, build_raw
+from ops import leakscan
+from pii import detector as pii
 
 KEY_ENV = "INTENTOPS_PSEUDONYM_KEY"
 
@@ -119,7 +121,7 @@ def test_a_new_detector_model_is_a_new_stage_key(tmp_path, monkeypatch) -> None:
     """The stage's code version covers the detector's modules and its shipped table and
     weights: retrained weights must never be a cache hit on text the old model masked."""
     from jobs.spark import desensitize
-    from pipeline import pii_model
+    from pii import model as pii_model
 
     before = desensitize._code_version()
     weights = tmp_path / "token_models.json.gz"

@@ -349,7 +349,7 @@ def test_serving_image_runs_with_its_own_packages_only(tmp_path: Path):
     code = ("import deploy.server, deploy.router, export.runtime, onnxruntime, tokenizers, uvicorn, "
             "yaml, serve_champion, mlflow.artifacts\nfrom mlflow.tracking import MlflowClient\n"
             "import sys\nprint(sorted(m for m in sys.modules if m.split('.')[0] in "
-            "('torch', 'airflow', 'pyspark', 'pandas', 'training', 'pipeline')))")
+            "('torch', 'airflow', 'pyspark', 'pandas', 'training', 'core', 'quality', 'jobs')))")
     p = subprocess.run([sys.executable, "-S", "-c", code], env=env, cwd=tmp_path,
                        capture_output=True, text=True, timeout=120)
     assert p.returncode == 0, p.stderr[-3000:]
@@ -537,8 +537,8 @@ RESOLVE = textwrap.dedent("""
     from airflow.providers.apache.spark.hooks.spark_submit import SparkSubmitHook
     from airflow.sdk import Connection
 
-    from pipeline import tracking
-    from pipeline.config import load_config
+    from core import tracking
+    from core.config import load_config
 
     cfg = load_config()
     print(json.dumps({

@@ -12,8 +12,8 @@ import pandas as pd
 import pytest
 from conftest import ROOT
 
-from pipeline import stage
-from pipeline.evaluate import evaluate
+from core import stage
+from demo.groundtruth import evaluate
 
 pytestmark = pytest.mark.e2e
 ROWS = 4000
@@ -46,7 +46,7 @@ def airflow_env(tmp_path_factory, project_env, mlflow_server):
         INTENTOPS__DEPLOY__POLL_SECONDS="0.5",
     )
     raw = base / "raw"
-    subprocess.run([sys.executable, "-m", "pipeline.rawdata", "--out", str(raw), "--rows", str(ROWS),
+    subprocess.run([sys.executable, "-m", "demo.builder", "--out", str(raw), "--rows", str(ROWS),
                     "--seed", "3", "--format", "csv"], env=env, cwd=ROOT, check=True, timeout=600)
     subprocess.run(["airflow", "db", "migrate"], env=env, cwd=ROOT, check=True, timeout=600,
                    capture_output=True)
@@ -81,7 +81,7 @@ def first_run(airflow_env):
         assert out.returncode == 0, (out.stdout + out.stderr)[-6000:]
         yield _latest(base / "lake")
     finally:  # the deploy task leaves the model serving, as it should; the test stops it
-        subprocess.run([sys.executable, "-m", "pipeline.cli", "deploy", "stop"], env=env, cwd=ROOT,
+        subprocess.run([sys.executable, "-m", "ops.cli", "deploy", "stop"], env=env, cwd=ROOT,
                        timeout=120, check=False)
 
 
@@ -263,7 +263,7 @@ def test_label_qa_run_is_in_mlflow_and_the_curated_split_is_whole(first_run, air
     assert cur.record_id.is_unique
     # Planted label errors: the curated labels are more often right than the exported ones.
     gt = pd.read_parquet(raw / "ground_truth" / "rows.parquet").set_index("ticket_id")
-    from pipeline.textnorm import normalize_label
+    from textnorm import normalize_label
 
     true = gt.true_label.map(normalize_label).reindex(cur.record_id).to_numpy()
     assert (cur.label.to_numpy() == true).mean() > (cur.given_label.to_numpy() == true).mean()
@@ -272,7 +272,7 @@ def test_label_qa_run_is_in_mlflow_and_the_curated_split_is_whole(first_run, air
 def test_no_planted_personal_data_downstream_of_desensitize(first_run, airflow_env):
     """The leak scanner over every desensitize and gate output and every Airflow task log
     (all stages: logs must not carry PII either) finds none of the planted values."""
-    from pipeline import leakscan
+    from ops import leakscan
 
     _, base, raw = airflow_env
     run_name, summary = first_run
@@ -326,12 +326,12 @@ def test_second_run_is_a_cache_hit_with_unchanged_output(first_run, airflow_env)
 def test_gate_failure_is_readable_and_quotes_no_data(first_run, airflow_env):
     """The same run's gate with an impossible bar: exit code 3, each failed expectation
     named with its numbers, and no planted value in the message."""
-    from pipeline import leakscan
+    from ops import leakscan
 
     env, _, raw = airflow_env
     run_name, _ = first_run
     out = subprocess.run(
-        [sys.executable, "-m", "pipeline.cli", "validate", "--run-id", run_name,
+        [sys.executable, "-m", "ops.cli", "validate", "--run-id", run_name,
          "--set", "validation.min_rows=100000000", "--set", "validation.max_duplicate_rate=0"],
         env=env, cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert out.returncode == 3, out.stderr[-3000:]

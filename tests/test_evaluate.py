@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pandas as pd
 
-from pipeline.evaluate import evaluate
+from demo.groundtruth import evaluate
 
 A = "How do I reset the passcode of my card in the app?"
 A_COPY = "How do I reset the passcode of my card in the app please?"

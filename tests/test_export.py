@@ -14,9 +14,9 @@ import onnx
 import pytest
 from conftest import EXPORT_CLASSES as CLASSES
 
+from core.config import ExportConfig
 from export import build, onnx_build
 from export.runtime import BuildError, OnnxClassifier, TextEncoder, session
-from pipeline.config import ExportConfig
 
 MAX_LEN = 64  # the fixture's max_length; the dynamic-axes check runs sequence 64
 
@@ -184,8 +184,8 @@ def test_builds_attach_to_a_version_once_and_a_version_without_a_model_fails(
     import mlflow
     from mlflow.tracking import MlflowClient
 
+    from core.config import load_config
     from export import task
-    from pipeline.config import load_config
 
     monkeypatch.setenv("MLFLOW_TRACKING_URI", mlflow_server)
     cfg = load_config(env={"MLFLOW_TRACKING_URI": mlflow_server})

@@ -12,8 +12,11 @@ import pandas as pd
 import pytest
 from conftest import ROOT
 
-from pipeline import labelqa, rawdata, stage, textnorm
-from pipeline.config import LabelQAConfig, load_config
+import textnorm
+from core import stage
+from core.config import LabelQAConfig, load_config
+from demo import builder as rawdata
+from quality import labelqa
 
 CLASSES = sorted(
     {textnorm.normalize_label(x) for x in json.loads((ROOT / "data" / "banking77" / "categories.json").read_text())}

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pandas as pd
 
-from pipeline import leakscan
+from ops import leakscan
 
 SPANS = pd.DataFrame({
     "pii_type": ["email", "card_number", "person_name", "decoy_card", "us_ssn"],

@@ -9,10 +9,11 @@ from pathlib import Path
 
 import pytest
 
+from core import partitions
+from core.config import load_config
+from core.stage import StageError
+from demo import builder as rawdata
 from jobs.spark import clean, common
-from pipeline import partitions, rawdata
-from pipeline.config import load_config
-from pipeline.stage import StageError
 
 
 def _layout(root: Path, names: list[str]) -> Path:

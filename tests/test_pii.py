@@ -9,10 +9,10 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from pipeline import pii
-from pipeline.evaluate import locate_spans, pii_scores
-from pipeline.rawdata import BuilderConfig, build_raw
-from pipeline.textnorm import normalize_text
+from demo.builder import BuilderConfig, build_raw
+from demo.groundtruth import locate_spans, pii_scores
+from pii import detector as pii
+from textnorm import normalize_text
 
 KEY = b"k" * 32
 

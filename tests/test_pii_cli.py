@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.cli import _pii_detect, nfkc_map
+from ops.cli import _pii_detect, nfkc_map
 
 ROOT = Path(__file__).resolve().parent.parent
 TYPES = {"PERSON", "ADDRESS", "EMAIL", "PHONE", "CARD", "IBAN", "US_SSN", "PRC_ID", "IP_ADDRESS"}
@@ -26,7 +26,7 @@ WIDE_CARD = "４１１１ １１１１ １１１１ １１１１"
 
 def _run(data: bytes, *extra: str) -> subprocess.CompletedProcess[bytes]:
     proc = subprocess.run(
-        [sys.executable, "-m", "pipeline.cli", "pii", "detect", *extra],
+        [sys.executable, "-m", "ops.cli", "pii", "detect", *extra],
         input=data,
         capture_output=True,
         cwd=ROOT,
@@ -125,7 +125,7 @@ def test_mask() -> None:
 
 def test_help_says_what_it_is_for() -> None:
     proc = subprocess.run(
-        [sys.executable, "-m", "pipeline.cli", "pii", "detect", "--help"],
+        [sys.executable, "-m", "ops.cli", "pii", "detect", "--help"],
         capture_output=True,
         cwd=ROOT,
         timeout=60,
@@ -171,7 +171,7 @@ def test_nfkc_map_covers_every_span() -> None:
 
 
 def test_a_failing_line_gives_the_exception_name(monkeypatch: pytest.MonkeyPatch) -> None:
-    from pipeline import pii
+    from pii import detector as pii
 
     def boom(text: str) -> list:
         if "boom" in text:

@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import pytest
 
-from pipeline import pii
-from pipeline import pii_eval as E
+from pii import detector as pii
+from pii import evaluation as E
 
 TYPES = ("PERSON", "ADDRESS", "PHONE", "CARD", "EMAIL", "IBAN", "US_SSN", "IP_ADDRESS")
 TARGET = {"PERSON": (0.95, 0.95), "ADDRESS": (0.90, 0.95), "PHONE": (0.95, 0.95),

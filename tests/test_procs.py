@@ -1,11 +1,11 @@
-"""pipeline.procs: whether a recorded process still runs, with real child processes."""
+"""core.procs: whether a recorded process still runs, with real child processes."""
 
 from __future__ import annotations
 
 import subprocess
 import sys
 
-from pipeline import procs
+from core import procs
 
 
 def _child() -> subprocess.Popen:

@@ -14,10 +14,10 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from pipeline import checksums as ck
-from pipeline import rawdata
-from pipeline.rawdata import BuilderConfig, build_raw
-from pipeline.textnorm import dedup_key, jaccard, normalize_text
+from demo import builder as rawdata
+from demo.builder import BuilderConfig, build_raw
+from pii import checksums as ck
+from textnorm import dedup_key, jaccard, normalize_text
 
 ROWS = 3000
 VALIDATORS = {

@@ -1,4 +1,4 @@
-"""The HTML run report (pipeline/report.py) and the Airflow plugin that serves it
+"""The HTML run report (ops/report.py) and the Airflow plugin that serves it
 (plugins/intentops_reports.py): a run that stopped at the validation gate still gets its
 report; the plugin serves the report and the stage files it links and nothing else; the
 page renders in a real headless Chromium (Debian's, `make browser`) with its charts decoded
@@ -24,10 +24,10 @@ from urllib.parse import quote
 import pytest
 from conftest import ROOT
 
-from pipeline import stage
-from pipeline.config import load_config
-from pipeline.report import REPORT_FILE, build_report, gather, log_to_mlflow, render
-from pipeline.runs import STAGES, save_run_config
+from core import stage
+from core.config import load_config
+from core.runs import STAGES, save_run_config
+from ops.report import REPORT_FILE, build_report, gather, log_to_mlflow, render
 
 CHROMIUM = Path("/usr/bin/chromium")
 CHROMEDRIVER = Path("/usr/bin/chromedriver")
@@ -232,7 +232,7 @@ def test_mlflow_copy_links_nothing_outside_itself(gate_stopped, caplog):
     page = render(gather(cfg, RUN_ID, STATES), "mlflow")
     assert all(h.startswith("#") for h in re.findall(r'<a href="([^"]*)"', page))
     assert "validate/" in page and "data_docs/index.html" in page  # named instead
-    with caplog.at_level("INFO", logger="pipeline.report"):
+    with caplog.at_level("INFO", logger="ops.report"):
         assert log_to_mlflow(cfg, RUN_ID) is None  # no version registered: nothing to attach to
     assert "registered no model version" in caplog.text
 

@@ -20,8 +20,8 @@ import psutil
 import pytest
 from conftest import ROOT, _free_port
 
-from pipeline.airflow_api import AirflowApi
-from pipeline.stage import run_dir
+from core.stage import run_dir
+from ops.airflow_api import AirflowApi
 
 pytestmark = pytest.mark.e2e
 ROWS = 3000
@@ -32,7 +32,7 @@ CONF = {"model": "small", "epochs": 1, "max_steps": 40, "learning_rate": 0.002,
 
 
 def _cli(env: dict[str, str], *args: str, timeout: float = 900) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "pipeline.cli", *args], env=env, cwd=ROOT,
+    return subprocess.run([sys.executable, "-m", "ops.cli", *args], env=env, cwd=ROOT,
                           capture_output=True, text=True, timeout=timeout)
 
 
@@ -70,7 +70,7 @@ def services(tmp_path_factory, project_env):
         INTENTOPS__DEPLOY__POLL_SECONDS="0.5",
     )
     raw = base / "raw"
-    subprocess.run([sys.executable, "-m", "pipeline.rawdata", "--out", str(raw), "--rows", str(ROWS),
+    subprocess.run([sys.executable, "-m", "demo.builder", "--out", str(raw), "--rows", str(ROWS),
                     "--seed", "5", "--format", "csv", "--daily"], env=env, cwd=ROOT, check=True,
                    timeout=600, capture_output=True)
     try:

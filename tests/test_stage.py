@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from pipeline import stage
+from core import stage
 
 
 def _work(calls: list[int], rows: int = 3):

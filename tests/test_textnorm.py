@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from pipeline import textnorm
+import textnorm
 
 
 @pytest.mark.parametrize(

@@ -9,8 +9,9 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from pipeline import pii, validation
-from pipeline.validation import GateFailed, GateThresholds
+from pii import detector as pii
+from quality import validation
+from quality.validation import GateFailed, GateThresholds
 
 LABELS = ["card_arrival", "lost_or_stolen_card", "top_up_failed"]
 SECRET = "zelda.quintero@example.org"

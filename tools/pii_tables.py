@@ -1,4 +1,4 @@
-"""Build the PII detector's name table, ``pipeline/pii_data/names.tsv.gz``, from
+"""Build the PII detector's name table, ``pii/data/names.tsv.gz``, from
 names-dataset (first and last names by country, with their rank there) and wordfreq
 (how common a word is in English).
 

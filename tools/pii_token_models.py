@@ -1,5 +1,5 @@
-"""Train the PERSON and ADDRESS token models of ``pipeline/pii_model.py`` and write their
-weights to ``pipeline/pii_data/token_models.json.gz``.
+"""Train the PERSON and ADDRESS token models of ``pii/model.py`` and write their
+weights to ``pii/data/token_models.json.gz``.
 
 Training data, all of it from the *tuned* side of every split (the held-back halves of
 ``data/pii_eval`` are never read here):
@@ -37,7 +37,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from pipeline import pii, pii_eval, pii_model  # noqa: E402
+from pii import detector as pii  # noqa: E402
+from pii import evaluation as pii_eval  # noqa: E402
+from pii import model as pii_model  # noqa: E402
 
 KINDS = ("PERSON", "ADDRESS")
 # The settings of the shipped weights, per type, chosen on a template-held-out fold of the
@@ -50,7 +52,7 @@ DEFAULTS = {
 
 
 def builder_samples(rows: int, seed: int) -> list[pii_eval.Sample]:
-    from pipeline.rawdata import BuilderConfig, build_raw
+    from demo.builder import BuilderConfig, build_raw
 
     with tempfile.TemporaryDirectory() as d:
         build_raw(d, BuilderConfig(rows=rows, seed=seed, fmt="parquet", source="train"))

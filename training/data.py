@@ -21,7 +21,7 @@ import torch
 from tokenizers import Tokenizer
 from torch.utils.data import Dataset
 
-from pipeline.textnorm import normalize_label
+from textnorm import normalize_label
 
 REQUIRED_COLUMNS = ("record_id", "text", "label", "weight", "split")
 SPLITS = ("train", "val", "test")

@@ -25,8 +25,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from pipeline import stage, tracking
-from pipeline.config import PROJECT_ROOT, PipelineConfig
+from core import stage, tracking
+from core.config import PROJECT_ROOT, PipelineConfig
 
 log = logging.getLogger(__name__)
 TRAIN, REGISTER = "train", "register"

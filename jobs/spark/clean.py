@@ -19,9 +19,10 @@ from typing import TYPE_CHECKING, Any
 if __package__ in (None, ""):  # run as a file by spark-submit
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
+import textnorm
+from core import stage
+from core.config import CleanConfig, PipelineConfig
 from jobs.spark import common
-from pipeline import stage, textnorm
-from pipeline.config import CleanConfig, PipelineConfig
 
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame, SparkSession
@@ -320,7 +321,7 @@ def run(cfg: PipelineConfig, run_id: str | None = None, spark: SparkSession | No
 
 
 def _code_version() -> str:
-    from pipeline import config as config_mod
+    from core import config as config_mod
 
     return stage.code_version([Path(__file__), common, textnorm, stage, config_mod])
 

@@ -15,8 +15,8 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from pipeline.config import PipelineConfig, load_config
-from pipeline.stage import StageError
+from core.config import PipelineConfig, load_config
+from core.stage import StageError
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -256,7 +256,7 @@ def config_from_args(args: argparse.Namespace) -> PipelineConfig:
 
     overrides: dict[str, Any] = {}
     if args.resolved_config:
-        from pipeline.runs import load_run_config
+        from core.runs import load_run_config
 
         if not args.set:
             return load_run_config(args.resolved_config)

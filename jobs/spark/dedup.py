@@ -26,9 +26,10 @@ from typing import TYPE_CHECKING, Any
 if __package__ in (None, ""):  # run as a file by spark-submit
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
+import textnorm
+from core import stage
+from core.config import DedupConfig, PipelineConfig
 from jobs.spark import common
-from pipeline import stage, textnorm
-from pipeline.config import DedupConfig, PipelineConfig
 
 if TYPE_CHECKING:
     from collections.abc import Iterator

@@ -13,7 +13,7 @@ serving read these outputs only, and the report holds no raw value.
 Masking (``desensitize.mode``): typed placeholders (``<EMAIL>``) or keyed pseudonyms
 (``<EMAIL_3f9a1c2b7d>``, HMAC-SHA256 under a key read from the environment variable named
 by ``desensitize.key_env``; the DAG fills it from the Airflow connection
-``intentops_pseudonym``). Detection rules and validators live in ``pipeline/pii.py``.
+``intentops_pseudonym``). Detection rules and validators live in ``pii/detector.py``.
 
 Run by hand:  spark-submit jobs/spark/desensitize.py --run-id RUN   (after dedup ran)
 or:           intentops desensitize --run-id RUN
@@ -32,9 +32,10 @@ from typing import TYPE_CHECKING, Any
 if __package__ in (None, ""):  # run as a file by spark-submit
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
+from core import stage
+from core.config import DesensitizeConfig, PipelineConfig
 from jobs.spark import common
-from pipeline import pii, stage
-from pipeline.config import DesensitizeConfig, PipelineConfig
+from pii import detector as pii
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
@@ -188,7 +189,9 @@ def run(cfg: PipelineConfig, run_id: str, spark=None, dedup_output: str | None =
 def _code_version() -> str:
     # The detector is pii and what it imports, and its shipped table and weights: a new
     # model is new output, never a cache hit on text the old one masked.
-    from pipeline import checksums, pii_model, pii_phones
+    from pii import checksums
+    from pii import model as pii_model
+    from pii import phones as pii_phones
 
     return stage.code_version([Path(__file__), common, pii, pii_model, pii_phones, checksums,
                                pii_model.TABLE, pii_model.MODEL, stage])

@@ -1,7 +1,7 @@
 """The run report: one self-contained HTML page per pipeline run.
 
 Built from what the run recorded (``<lake>/runs/<run_id>/``: the stage pointers that
-``pipeline.runs.collect`` reads, then each stage's own files): rows in and out per stage,
+``core.runs.collect`` reads, then each stage's own files): rows in and out per stage,
 quarantine reasons, PII counts by type with masked samples, the validation gate's result,
 the label-QA findings, training curves, the export comparison and the canary timeline with
 its decision. A stage the run never reached (it stopped at a gate, or a task failed) shows
@@ -22,7 +22,7 @@ Two renderings of the same page:
 
 By hand::
 
-    .venv/bin/python -m pipeline.report --run-id <run_id>     # config: the run's config.json
+    .venv/bin/python -m ops.report --run-id <run_id>     # config: the run's config.json
 """
 
 from __future__ import annotations
@@ -39,9 +39,9 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
-from pipeline import stage
-from pipeline.config import PipelineConfig
-from pipeline.runs import STAGES, collect, load_run_config
+from core import stage
+from core.config import PipelineConfig
+from core.runs import STAGES, collect, load_run_config
 
 log = logging.getLogger(__name__)
 
@@ -81,7 +81,7 @@ def servable(stage_name: str, rel: str) -> bool:
 @dataclass
 class StageView:
     name: str
-    row: dict[str, Any] | None  # pipeline.runs.stage_row, None when the stage did not run
+    row: dict[str, Any] | None  # core.runs.stage_row, None when the stage did not run
     status: str  # ok | failed | rejected | skipped | not run
     note: str = ""
 
@@ -675,7 +675,7 @@ def log_to_mlflow(config_path_or_cfg: str | Path | PipelineConfig, run_id: str,
 
 
 def _log(cfg: PipelineConfig, rep: Report, figs: dict[str, str]) -> str | None:
-    from pipeline import tracking
+    from core import tracking
 
     reg = rep.stages["register"].row
     if not reg or not reg.get("registered") or not reg.get("model_version"):
@@ -698,7 +698,7 @@ def _log(cfg: PipelineConfig, rep: Report, figs: dict[str, str]) -> str | None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    from pipeline.config import load_config
+    from core.config import load_config
 
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--run-id", required=True)

@@ -12,7 +12,7 @@ Why: every pipeline stage (clean, dedup, desensitize, label QA) can then be meas
 against a known truth instead of eyeballed. The build is deterministic for a seed (same
 seed and arguments give byte-identical files) and fast enough for a million rows.
 
-    python -m pipeline.rawdata --out var/demo/raw --rows 20000 --seed 7 --format csv
+    python -m demo.builder --out var/demo/raw --rows 20000 --seed 7 --format csv
 """
 
 from __future__ import annotations
@@ -39,8 +39,8 @@ from typing import Any, Literal
 
 import numpy as np
 
-from pipeline import checksums as ck
-from pipeline.textnorm import (
+from pii import checksums as ck
+from textnorm import (
     CONTROL_RE,
     MOJIBAKE_RE,
     dedup_key,

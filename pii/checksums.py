@@ -4,7 +4,7 @@ What: Luhn (payment card numbers), ISO 13616 IBAN (mod 97-10), US Social Securit
 numbers (SSA's structural rules) and PRC resident identity numbers (GB 11643-1999,
 ISO 7064 MOD 11-2).
 
-Why: the raw-data builder (``pipeline/rawdata.py``) plants synthetic but *valid* values
+Why: the raw-data builder (``demo/builder.py``) plants synthetic but *valid* values
 of these kinds, plus look-alike decoys that are not valid, and the PII detector reuses
 the validators to tell a real identifier from a number that merely has its shape. So
 the validators are strict: exact shape, ASCII digits only (``str.isdigit`` would accept

@@ -17,7 +17,7 @@ from typing import Any
 
 import pandas as pd
 
-from pipeline.textnorm import jaccard
+from textnorm import jaccard
 
 EXACT_KINDS = ("exact", "case", "punct", "whitespace")
 NEAR_KINDS = ("word_swap", "clause_added")
@@ -132,7 +132,7 @@ def locate_spans(
     ``messages`` has ticket_id and message (raw); the result has ticket_id, text
     (normalized), pii_type, start, end. A value is looked up after the same normalization,
     which only folds characters and collapses whitespace, so it stays a substring."""
-    from pipeline.textnorm import normalize_text
+    from textnorm import normalize_text
 
     text = {
         t: normalize_text(m)
@@ -217,7 +217,7 @@ def labelqa_scores(ground_truth: str | Path, labelqa_dir: str | Path) -> dict[st
       whether the stage's suggested label differs from it (the classic label-error task);
     * accuracy of the consensus labels and of the curated training labels.
     """
-    from pipeline.textnorm import normalize_label
+    from textnorm import normalize_label
 
     gt = pd.read_parquet(Path(ground_truth) / "rows.parquet", columns=["ticket_id", "true_label"])
     true = gt.set_index("ticket_id").true_label.map(normalize_label)

@@ -10,12 +10,12 @@ Spark job calls it from ``mapInArrow``).
 How, per type:
 
 * identifiers (card, IBAN, SSN, PRC ID, IP) are found by shape and kept only if their
-  check digits or structure validate (``pipeline.checksums``, ``ipaddress``): a 16-digit
+  check digits or structure validate (``pii.checksums``, ``ipaddress``): a 16-digit
   order number that fails Luhn stays as it is;
 * phones by national shapes (NANP, UK, DE, FR, CN, any ``+CC``) with a digit-count
-  bound, and, in ``pipeline.pii_phones``, national formats of many countries checked with
+  bound, and, in ``pii.phones``, national formats of many countries checked with
   libphonenumber; 12-digit Maestro cards by Luhn and their issuer prefix there too;
-* addresses by the ADDRESS token model (``pipeline.pii_model``) near a house number, and
+* addresses by the ADDRESS token model (``pii.model``) near a house number, and
   by the patterns here: house number + street words + a street-type lexicon (USPS
   Publication 28 suffixes; French voie types; German ``-straße``/``-weg``/... compounds),
   unit prefixes (Flat, Apt., Suite, Studio) and an optional trailing city; in text
@@ -49,9 +49,9 @@ from typing import TYPE_CHECKING
 
 import ahocorasick
 
-from pipeline import checksums as ck
-from pipeline.pii_model import address_like, tokenize
-from pipeline.pii_phones import _DIGITS_AS_0, card_spans, phone_spans
+from pii import checksums as ck
+from pii.model import address_like, tokenize
+from pii.phones import _DIGITS_AS_0, card_spans, phone_spans
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterable, Iterator
@@ -866,7 +866,7 @@ def _case_forms(text: str) -> tuple[bool, str, str]:
 
 def rule_name_spans(text: str) -> tuple[bool, list[tuple[int, int]]]:
     """Whether ``text`` is without case, and the spans the cue rules take for names (a
-    feature of the name model, see ``pipeline.pii_model``)."""
+    feature of the name model, see ``pii.model``)."""
     caseless, scan, low = _case_forms(text)
     if not (caseless or _may_hold_cased_name(text, low)):
         return caseless, []
@@ -900,7 +900,7 @@ def rule_address_spans(text: str) -> list[tuple[int, int]]:
 
 @functools.cache
 def _token_model(kind: str):
-    from pipeline.pii_model import TokenModel
+    from pii.model import TokenModel
 
     return TokenModel.load(kind=kind)
 

@@ -130,10 +130,10 @@ def load_casual(path: Path) -> list[Sample]:
 def read_builder(raw_dir: Path):
     """A raw-data builder output (``raw.*`` + ``ground_truth/``): the clean rows'
     normalized texts by ticket id, and their planted spans moved into them (a DataFrame:
-    ticket_id, pii_type, start, end; ``pipeline.evaluate.locate_spans``)."""
+    ticket_id, pii_type, start, end; ``demo.groundtruth.locate_spans``)."""
     import pandas as pd
 
-    from pipeline.evaluate import locate_spans
+    from demo.groundtruth import locate_spans
 
     f = sorted(Path(raw_dir).glob("raw.*"))[0]
     if f.suffix == ".parquet":
@@ -152,7 +152,7 @@ def read_builder(raw_dir: Path):
 def load_builder(raw_dir: Path) -> list[Sample]:
     """``read_builder`` as labeled samples, with our type names (decoys keep their own, so
     a detection on one is a false positive)."""
-    from pipeline import pii
+    from pii import detector as pii
 
     truth, texts = read_builder(raw_dir)
     by: dict[str, list] = {}

@@ -14,7 +14,7 @@ quadratic.
     intentops leak-scan --ground-truth var/demo/raw/ground_truth DIR [DIR ...]
 
 Without a ground truth (your own export), ``--detect`` runs the desensitize stage's own
-detector (``pipeline.pii.detect``) over the same cells and lines instead, and reports per
+detector (``pii.detector.detect``) over the same cells and lines instead, and reports per
 file and column how many spans of each type it still finds there: after masking, each is
 either a leak or one of the detector's false positives, so the count is an upper bound
 of what leaked. Values are never reported, only types, counts and sources.
@@ -142,7 +142,7 @@ class DetectorScanner(Scanner):
         self.counts: dict[tuple[str, str], dict[str, int]] = {}
 
     def find(self, text: str) -> set[str]:
-        from pipeline import pii
+        from pii import detector as pii
 
         found = set()
         for line in text.split("\n") if len(text) > 10_000 else (text,):

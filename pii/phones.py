@@ -1,4 +1,4 @@
-"""Phone and payment card numbers that ``pipeline.pii``'s fixed patterns miss.
+"""Phone and payment card numbers that ``pii.detector``'s fixed patterns miss.
 
 What:
 
@@ -75,7 +75,7 @@ import re
 
 import phonenumbers
 
-from pipeline import checksums as ck
+from pii import checksums as ck
 
 __all__ = ["MAESTRO_PREFIXES", "REGIONS", "card_spans", "phone_spans"]
 

@@ -28,7 +28,7 @@ import time
 import unicodedata
 from collections.abc import Callable
 
-from pipeline.stage import StageError
+from core.stage import StageError
 
 
 def _stage_parser(sub, name: str, help_: str) -> argparse.ArgumentParser:
@@ -99,7 +99,7 @@ def main(argv: list[str] | None = None) -> int:
 
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["build-raw"]:
-        from pipeline import rawdata
+        from demo import builder as rawdata
 
         rawdata.main(argv[1:])
         return 0
@@ -209,7 +209,7 @@ def _nfkc_pieces(text: str, fine: bool) -> list[tuple[int, int]]:
 
 def pii_spans(line: str) -> list[dict]:
     """The PII spans of one line, offsets into ``line``; never the values themselves."""
-    from pipeline import pii
+    from pii import detector as pii
 
     if unicodedata.is_normalized("NFKC", line):
         norm, to_original = line, None
@@ -227,7 +227,7 @@ def _pii_detect(stdin, stdout, stderr, mask: bool = False) -> int:
     """``intentops pii detect``: stdin bytes in, one JSON object (or masked line) per line."""
     import json
 
-    from pipeline import pii
+    from pii import detector as pii
 
     try:
         for n, raw in enumerate(stdin, 1):
@@ -297,13 +297,13 @@ def _dispatch(args: argparse.Namespace) -> int:
     if args.cmd == "pii-detect":
         return _pii_detect(sys.stdin.buffer, sys.stdout.buffer, sys.stderr, mask=args.mask)
 
-    from pipeline import runs
+    from core import runs
 
     if args.cmd in ("up", "down", "services"):
         import json
 
-        from pipeline.config import load_config
-        from pipeline.services import ServiceError, Services
+        from core.config import load_config
+        from ops.services import ServiceError, Services
 
         svc = Services(load_config(args.config))
         try:
@@ -329,7 +329,7 @@ def _dispatch(args: argparse.Namespace) -> int:
         return 0
 
     if args.cmd == "summary":
-        from pipeline.config import load_config
+        from core.config import load_config
 
         cfg = load_config(args.config)
         if args.run_id:
@@ -341,7 +341,7 @@ def _dispatch(args: argparse.Namespace) -> int:
     if args.cmd == "leak-scan":
         import json
 
-        from pipeline import leakscan
+        from ops import leakscan
 
         if args.detect:
             hits = leakscan.detect_scan(args.paths)
@@ -353,9 +353,9 @@ def _dispatch(args: argparse.Namespace) -> int:
     if args.cmd == "evaluate":
         import json
 
-        from pipeline.config import load_config
-        from pipeline.evaluate import evaluate
-        from pipeline.stage import upstream
+        from core.config import load_config
+        from core.stage import upstream
+        from demo.groundtruth import evaluate
 
         cfg = load_config(args.config)
         c, d = (upstream(cfg.lake, args.run_id, s) for s in ("clean", "dedup"))
@@ -364,7 +364,7 @@ def _dispatch(args: argparse.Namespace) -> int:
         return 0
 
     from jobs.spark import clean, common, dedup, desensitize
-    from pipeline import gate
+    from quality import gate
 
     cfg = common.config_from_args(args)
     run_id = args.run_id or time.strftime("manual-%Y%m%dT%H%M%S")
@@ -384,7 +384,7 @@ def _dispatch(args: argparse.Namespace) -> int:
         print(result.to_json())
         gate.check(result)
     if args.cmd in ("labelqa", "run"):
-        from pipeline import labelqa
+        from quality import labelqa
 
         result = labelqa.run(cfg, run_id=run_id)
         print(result.to_json())

@@ -47,8 +47,9 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from pipeline import agreement, textnorm
-from pipeline.config import LabelQAConfig
+import textnorm
+from core.config import LabelQAConfig
+from quality import agreement
 
 log = logging.getLogger(__name__)
 
@@ -513,8 +514,9 @@ def run(cfg, run_id: str):
     import json
     from pathlib import Path
 
+    from core import stage, tracking
     from jobs.spark.clean import load_labels
-    from pipeline import qareport, stage, tracking
+    from quality import qareport
 
     src = stage.upstream(cfg.lake, run_id, "desensitize")
     classes = load_labels(cfg)

@@ -10,17 +10,17 @@ PERSON features:
 
 * how much of a name the word is: its best rank as a first and as a last name in any
   country (names-dataset), and how common it is as an English word (wordfreq), read from
-  the trimmed table ``pii_data/names.tsv.gz`` (``tools/pii_tables.py`` builds it; the
+  the trimmed table ``data/names.tsv.gz`` (``tools/pii_tables.py`` builds it; the
   packages themselves hold 3 GB per process);
 * its shape in text with case (capitalized, upper, lower, an initial; sentence start);
 * the words around it ("call me ___", "___'s account") and how name-like its neighbours
   are, also across a list ("reid, fletcher and smith");
-* whether the cue rules of ``pipeline.pii`` ("my name is", "regards,", titles) cover it.
+* whether the cue rules of ``pii.detector`` ("my name is", "regards,", titles) cover it.
 
 ADDRESS features: the token itself and its suffix (-straat, -gatan, -katu), whether it is
 a street word of one of many languages, its shape (a house number, a year, a postcode,
 an alphanumeric unit), the tokens around it, how far the nearest number and street word
-are, a line break before it, and whether the address patterns of ``pipeline.pii`` cover
+are, a line break before it, and whether the address patterns of ``pii.detector`` cover
 it. Only tokens near a number that can be a house number are scored.
 
 Why: cue rules miss names after the hundreds of ways people introduce themselves ("i go
@@ -31,7 +31,7 @@ shapes. Why not an NER model: none installs offline here (spaCy and Hugging Face
 download at run time), and a transformer per message would cost a hundred times the rest
 of the detector.
 
-The weights (``pii_data/token_models.json.gz``) are trained by
+The weights (``data/token_models.json.gz``) are trained by
 ``tools/pii_token_models.py`` on the tuned halves of the evaluation sets
 (``data/pii_eval``), the raw-data builder's output and Banking77's training messages (as
 negatives); the held-back halves were never used for training or model selection.
@@ -53,7 +53,7 @@ import re
 import unicodedata
 from pathlib import Path
 
-DATA = Path(__file__).resolve().parent / "pii_data"
+DATA = Path(__file__).resolve().parent / "data"
 TABLE = DATA / "names.tsv.gz"
 MODEL = DATA / "token_models.json.gz"
 
@@ -224,7 +224,7 @@ def person_context(
 
 
 # Street words of many languages: the detector's English, French and German lists (read
-# from pipeline.pii) and the commonest street types elsewhere in Europe and Latin America;
+# from pii.detector) and the commonest street types elsewhere in Europe and Latin America;
 # a feature, not a rule (the model learns how much each is worth).
 _STREET_EXTRA = """
 via viale vicolo piazza piazzale corso largo strada rua avenida avda av travessa largo
@@ -237,7 +237,7 @@ náměstí třída trida nábřeží box po pmb psc unit apo fpo dpo usns usnv u
 
 @functools.cache
 def street_words() -> frozenset[str]:
-    from pipeline import pii
+    from pii import detector as pii
 
     words = set(pii._EN_STREET) | {w.rstrip(".") for w in pii._FR_VOIE}
     words |= {w.rstrip(".") for w in pii._DE_SUFFIX} | set(_STREET_EXTRA.split())
@@ -428,7 +428,7 @@ def in_spans(toks: list[tuple[int, int, str]], spans: list[tuple[int, int]]) -> 
 def address_like(toks: list[str]) -> bool:
     """A number and a word, and some word that is not a street type: "12 oak st", "via
     roma 5", but not "10 ways" or "2012 ford" (no street name)."""
-    from pipeline import pii
+    from pii import detector as pii
 
     words = [t.lower() for t in toks if len(t) > 1 and t[0].isalpha()]
     return any(t[0].isdigit() for t in toks) and any(

@@ -37,8 +37,8 @@ from typing import Any
 
 import httpx
 
-from pipeline import procs
-from pipeline.config import PROJECT_ROOT, PipelineConfig, load_config
+from core import procs
+from core.config import PROJECT_ROOT, PipelineConfig, load_config
 
 
 class ServiceError(RuntimeError):

@@ -16,8 +16,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from pipeline import pii, stage, validation
-from pipeline.config import PipelineConfig
+from core import stage
+from core.config import PipelineConfig
+from pii import detector as pii
+from quality import validation
 
 STAGE = "validate"
 

@@ -52,7 +52,7 @@ class InputConfig(_Section):
     encoding: str = "UTF-8"
     # When ``path`` is a folder of Hive-style date partitions (``date=YYYY-MM-DD/``), the
     # partitions to read, relative to it; empty reads the whole input. The DAG fills it
-    # from a scheduled or backfill run's data interval (pipeline/partitions.py), so each
+    # from a scheduled or backfill run's data interval (core/partitions.py), so each
     # run owns its days and a rerun of the same days is a cache hit.
     partitions: list[str] = Field(default_factory=list)
 

@@ -12,7 +12,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from pipeline.config import PipelineConfig
+from core.config import PipelineConfig
 
 STAGE_KEY_TAG = "intentops.stage_key"
 

@@ -12,8 +12,8 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from pipeline.config import PipelineConfig, config_from_json, load_config
-from pipeline.stage import StageError, StageResult, atomic_write_text, run_dir, run_pointer
+from core.config import PipelineConfig, config_from_json, load_config
+from core.stage import StageError, StageResult, atomic_write_text, run_dir, run_pointer
 
 log = logging.getLogger(__name__)
 

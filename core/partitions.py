@@ -14,7 +14,7 @@ import re
 from datetime import UTC, date, datetime
 from pathlib import Path
 
-from pipeline.stage import StageError
+from core.stage import StageError
 
 PARTITION_RE = re.compile(r"^(?:date|dt|ds)=(\d{4}-\d{2}-\d{2})$")
 

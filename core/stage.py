@@ -29,7 +29,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pipeline import __version__
+from core import __version__
 
 log = logging.getLogger(__name__)
 

@@ -1,0 +1,1 @@
+"""Personal-data detection and masking: the detector, its validators and learned token models."""
