@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from ops.cli import _pii_detect, nfkc_map
+from pii.lines import detect_lines, nfkc_map
 
 ROOT = Path(__file__).resolve().parent.parent
 TYPES = {"PERSON", "ADDRESS", "EMAIL", "PHONE", "CARD", "IBAN", "US_SSN", "PRC_ID", "IP_ADDRESS"}
@@ -180,9 +180,9 @@ def test_a_failing_line_gives_the_exception_name(monkeypatch: pytest.MonkeyPatch
 
     monkeypatch.setattr(pii, "detect", boom)
     out, err = io.BytesIO(), io.StringIO()
-    assert _pii_detect(io.BytesIO(b"a boom 4111\nfine\n"), out, err) == 0
+    assert detect_lines(io.BytesIO(b"a boom 4111\nfine\n"), out, err) == 0
     assert out.getvalue() == b'{"spans": [], "error": "RuntimeError"}\n{"spans": []}\n'
     out = io.BytesIO()
-    assert _pii_detect(io.BytesIO(b"a boom 4111\nfine\n"), out, err, mask=True) == 0
+    assert detect_lines(io.BytesIO(b"a boom 4111\nfine\n"), out, err, mask=True) == 0
     assert out.getvalue() == b"\nfine\n"
     assert err.getvalue() == "line 1: RuntimeError\n"

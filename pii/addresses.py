@@ -1,0 +1,186 @@
+"""Rule-based ADDRESS spans: a house number, street words and a street type (USPS
+Publication 28 suffixes and British types; French voie types; German ``-straße``/``-weg``/...
+compounds), unit prefixes (Flat, Apt., Suite, Studio) and an optional trailing city.
+
+The ADDRESS token model (``pii.model``) reads these spans as a feature, and
+``pii.detector`` keeps them on their own in text with case (without case only those with a
+street name besides the type). ``rule_address_spans`` is the entry point for training;
+``_address_rules`` (gated by ``_street_starts``) and ``_may_hold_address`` (whether the
+model need read a message at all) are what ``detect`` runs."""
+
+from __future__ import annotations
+
+import re
+
+from pii.casing import _by_first_char, _case_forms, _lower_is_ignorecase
+from pii.names import _STOP_LOWER
+
+# --------------------------------------------------------------------------- addresses
+
+# USPS Publication 28, Appendix C1 street suffixes (primary names, common abbreviations and
+# the plurals in use), and British street types.
+_EN_STREET = """
+alley aly anex annex arcade avenue ave av bayou beach bend bluff bluffs bottom boulevard
+blvd branch bridge brook brooks burg burgs bypass camp canyon cape causeway center
+centre centers circle cir circles cliff cliffs club common commons corner corners course
+court ct courts cove coves creek crescent crest crossing crossroad crossroads curve dale
+dam divide drive dr drives estate estates expressway extension extensions fall falls
+ferry field fields flat flats ford fords forest forge forges fork forks fort freeway
+garden gardens gateway glen glens green greens grove groves harbor harbors haven heights
+highway hwy hill hills hollow inlet island islands isle junction junctions key keys
+knoll knolls lake lakes land landing lane ln light lights loaf lock locks lodge loop
+mall manor manors meadow meadows mews mill mills mission motorway mount mountain
+mountains neck orchard oval overpass park parks parkway parkways pass passage path pike
+pine pines place pl plain plains plaza point points port ports prairie radial ramp ranch
+rapid rapids rest ridge ridges river road rd roads route row rue run shoal shoals shore
+shores skyway spring springs spur spurs square squares station stravenue stream street
+st streets summit terrace ter throughway trace track trafficway trail trailer tunnel
+turnpike underpass union unions valley valleys via viaduct view views village villages
+ville vista walk walks wall way ways well wells close gate gates wharf yard quay
+""".split()
+_FR_VOIE = ["rue", "avenue", "av.", "boulevard", "bd", "place", "chemin", "allée", "allee", "impasse", "quai", "route", "cours", "square", "passage", "voie", "sentier", "rond-point"]  # fmt: skip
+_DE_SUFFIX = ["straße", "strasse", "str.", "weg", "gasse", "platz", "allee", "ring", "damm", "ufer", "chaussee", "steig", "pfad", "markt", "berg", "hof", "garten"]  # fmt: skip
+_UNIT = _by_first_char(["flat", r"apt\.?", "apartment", "suite", r"ste\.?", "unit", "studio", "room", "#"])  # fmt: skip
+_UNIT_FIRST = _by_first_char(["flat", r"apt\.?", "apartment", "suite", "unit", "studio"])
+_VOIE_BARE = _by_first_char(["rue", "avenue", "boulevard", "chemin", "allée", "impasse", "quai"])
+_WORD = r"[^\W\d_][\w'’-]*+"  # any word (caseless texts); possessive: see pii.names._TOK1
+_CAP = r"[A-ZÀ-ÖØ-Þ][\w'’-]*+"  # a capitalized word
+_SUFFIX_EN = f"(?i:{_by_first_char(map(re.escape, sorted(_EN_STREET, key=len, reverse=True)))})"
+_VOIE_FR = f"(?i:{_by_first_char(map(re.escape, _FR_VOIE))})"
+_DE_END = f"(?i:{_by_first_char(map(re.escape, _DE_SUFFIX))})"
+
+
+def _address_res(word: str, caseless: bool) -> tuple[re.Pattern[str], ...]:
+    city = r"(?:,\s*(?!I\b)" + word + r"(?:\s+(?!I\b)" + word + r"){0,2})?"
+    en = re.compile(
+        rf"(?<![\w-])(?:(?i:{_UNIT})\s*[0-9]{{1,4}}[A-Za-z]?,?\s+)?[0-9]{{1,6}}[A-Za-z]?\s+"
+        rf"(?:{word}\s+){{0,3}}{_SUFFIX_EN}\b\.?"
+        rf"(?:,?\s+(?i:{_UNIT})\s*[0-9]{{1,5}}[A-Za-z]?)?{city}"
+    )
+    # Unit first ("Flat 17 Janet Meadows"): the unit number, then street words and a suffix.
+    en_unit = re.compile(
+        rf"(?<![\w-])(?i:{_UNIT_FIRST})\s*[0-9]{{1,4}}[A-Za-z]?,?\s+"
+        rf"(?:{word}\s+){{1,3}}{_SUFFIX_EN}\b\.?{city}"
+    )
+    particle = r"(?:(?:de la|de l'|du|des|de|d'|la|le|l')\s*)?"
+    w = rf"(?!I\b|I['’]){word}"
+    fr_body = rf"{_VOIE_FR}\s+{particle}{w}(?:\s+{particle}{w}){{0,3}}"
+    bare = rf"(?i:{_VOIE_BARE})\s+{particle}{w}(?:\s+{particle}{w}){{0,3}}"
+    number = r"[0-9]{1,4}(?:\s?(?:bis|ter))?,?\s+"
+    fr = re.compile(rf"(?<![\w-])(?:{number}{fr_body}" + ("" if caseless else rf"|{bare}") + ")")
+    de_name = r"[^\W\d_][\w'’-]*?" if caseless else r"[A-ZÄÖÜ][\w'’-]*?"
+    de = re.compile(
+        rf"(?<![\w-])(?:(?!I\b){de_name}[ -]){{0,{0 if caseless else 2}}}?(?:{de_name}-)*{de_name}{_DE_END}\s*[0-9]{{1,4}}[a-zA-Z]?(?:\s?[-/]\s?[0-9]{{1,4}})?"
+        r"(?![\w])"
+    )
+    return en, en_unit, fr, de
+
+
+_ADDRESS_CASED = _address_res(_CAP, caseless=False)
+_ADDRESS_CASELESS = _address_res(_WORD, caseless=True)
+
+
+# Searched in the lower-cased text: Python's re tries a case-insensitive alternation at
+# every position (5 us a message); a case-sensitive one is found by a literal-prefix scan.
+_VOIE_HINT_RE = re.compile(r"(?:rue|avenue|boulevard|chemin|all[ée]e|impasse|quai)\s")
+# A German street suffix before a house number ("hauptstr. 5"), in the lower case.
+_DE_HINT_RE = re.compile("(?:" + "|".join(map(re.escape, _DE_SUFFIX)) + r")\s*[0-9]")
+_EN_STREET_SET = frozenset(_EN_STREET)
+_LETTER_RUN_RE = re.compile(r"[^\W\d_]+")
+_UNIT_SET = frozenset(("flat", "apt", "apartment", "suite", "unit", "studio"))  # en_unit's
+# A house or unit number before a space ("12b ", "12, ", "12bis "): in every match of the
+# English patterns and of the French one but its bare form ("rue de ...").
+_HOUSE_NUMBER_RE = re.compile(r"[0-9](?:[a-z]|bis|ter)?,?\s")
+# The first run of letters of each French voie type ("av." -> "av", "rond-point" -> "rond").
+_FR_VOIE_SET = frozenset(re.match(r"[^\W\d_]+", v).group() for v in _FR_VOIE)
+_STREET_WORDS = _EN_STREET_SET | _UNIT_SET | _FR_VOIE_SET
+# Every byte but the ASCII letters -> a space: letter runs by one table pass and a split.
+_LETTERS_ONLY = bytes(b if b < 128 and chr(b).isalpha() else 32 for b in range(256))
+
+
+# The gates below only skip work: each returns False only when its patterns cannot match
+# (tests/test_pii.py checks detections with every gate open). _street_starts, like
+# pii.names._cue_starts, reads the lower case, so it stays open where that does not match
+# like re.IGNORECASE.
+
+
+def _words(text: str, low: str) -> list[str]:
+    """The lower-cased words (runs of letters) the gates below look up."""
+    if text.isascii():
+        return low.encode().translate(_LETTERS_ONLY).decode().split()
+    return _LETTER_RUN_RE.findall(low)
+
+
+_NO_STREET = (None, None, None, None)
+
+
+def _street_starts(
+    text: str, low: str, caseless: bool, digits: tuple[int, int] | None
+) -> tuple[int | None, ...]:
+    """Where each address pattern (en, en_unit, fr, de) can first match; None: nowhere.
+    Each needs its street word, a whole word for the English and French ones (spaces or a
+    word's end around it) and for German a word ending before a house number ("hauptstr.
+    5"); en_unit also a unit word; all but the bare French form (only in text with case)
+    a house number. ``digits``: where the first and the last ASCII digit are ((0,
+    len(text)) if unknown), None if there is none."""
+    if not _lower_is_ignorecase(text):
+        return 0, 0, 0, 0
+    if digits is None:  # only the bare French form can match, with a voie type ("rue de ...")
+        return (None, None, 0, None) if not caseless and _VOIE_HINT_RE.search(low) else _NO_STREET
+    first_digit, last_digit = digits
+    # German: a suffix, spaces, a digit. The suffix ends where the spaces before some digit
+    # start, so not before they start in front of the first one; it has 8 letters at most.
+    de_from = max(len(low[:first_digit].rstrip()) - 8, 0)
+    de = _DE_HINT_RE.search(low, de_from, last_digit + 1) is not None
+    house = _HOUSE_NUMBER_RE.search(low, first_digit, last_digit + 6)  # 6 characters at most
+    if house is None:
+        fr = not caseless and _VOIE_HINT_RE.search(low) is not None
+        return None, None, 0 if fr else None, 0 if de else None
+    hits = _STREET_WORDS.intersection(_words(text, low))  # most messages hold none
+    en = not hits.isdisjoint(_EN_STREET_SET)
+    en_unit = en and not hits.isdisjoint(_UNIT_SET)
+    fr = not hits.isdisjoint(_FR_VOIE_SET)
+    # An English match starts at its first number (at most 5 digits before the house hint
+    # of its last one) or at a unit word before it: 9 letters at most, and spaces.
+    first = max(len(low[: max(house.start() - 5, 0)].rstrip()) - 9, 0)
+    return first if en else None, first if en_unit else None, 0 if fr else None, 0 if de else None
+
+
+def _address_rules(
+    text: str, scan: str, low: str, caseless: bool, digits: tuple[int, int] | None
+) -> list[tuple[int, int]]:
+    """The spans the address patterns match (a feature of the address model)."""
+    street = _street_starts(text, low, caseless, digits)
+    if street is _NO_STREET:
+        return []
+    out = []
+    for rx, start in zip(_ADDRESS_CASELESS if caseless else _ADDRESS_CASED, street, strict=True):
+        if start is not None:
+            out += [
+                m.span()
+                for m in rx.finditer(scan, start)
+                if not caseless or not _STOP_LOWER.intersection(m.group().split())
+            ]
+    return out
+
+
+def rule_address_spans(text: str) -> list[tuple[int, int]]:
+    """The spans the address patterns match in ``text`` (for training the address model)."""
+    caseless, scan, low = _case_forms(text)
+    return _address_rules(text, scan, low, caseless, (0, len(text)))
+
+
+# A number that can be a house number: 1 to 6 digits, not an amount ("$20", "12.50",
+# "1,250", "15%"). A superset of the numbers pii_model.candidates reads as house numbers
+# (which also skips those after a currency sign and a space).
+_HOUSE_NUMBER_HINT_RE = re.compile(r"(?<![0-9.,$£€¥₹])[0-9]{1,6}(?![0-9%]|[.,][0-9])")
+
+
+def _may_hold_address(text: str, found: list[tuple[int, int, str]]) -> bool:
+    """Whether some number of ``text`` can be a house number outside the identifiers
+    found: the address model reads no other message."""
+    for m in _HOUSE_NUMBER_HINT_RE.finditer(text):
+        p = m.start()
+        if not any(s <= p < e for s, e, _ in found):
+            return True
+    return False
