@@ -41,6 +41,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
+from demo.groundtruth import load_builder  # noqa: E402
 from pii import detector as pii  # noqa: E402
 from pii import evaluation as E  # noqa: E402
 
@@ -67,7 +68,7 @@ def builder_set(rows: int, seed: int) -> list[E.Sample]:
     raw_dir = ROOT / "var" / "bench" / f"pii-{rows}-test-{seed}"
     if not (raw_dir / "raw.parquet").exists():
         build_raw(raw_dir, BuilderConfig(rows=rows, seed=seed, fmt="parquet", source="test"))
-    return E.load_builder(raw_dir)
+    return load_builder(raw_dir)
 
 
 def timed(fn, texts: list[str]) -> float:

@@ -34,9 +34,8 @@ import pandas as pd
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from demo.groundtruth import pii_scores  # noqa: E402
+from demo.groundtruth import pii_scores, read_builder  # noqa: E402
 from pii import detector as pii  # noqa: E402
-from pii.evaluation import read_builder  # noqa: E402
 
 PRESIDIO_MAP = {"EMAIL_ADDRESS": "EMAIL", "PHONE_NUMBER": "PHONE", "CREDIT_CARD": "CARD",
                 "IBAN_CODE": "IBAN", "US_SSN": "US_SSN", "IP_ADDRESS": "IP_ADDRESS"}

@@ -42,8 +42,13 @@ class ColumnMap(_Section):
 
 
 class InputConfig(_Section):
-    path: str = "var/demo/raw/raw.csv"
-    format: Literal["auto", "csv", "jsonl", "parquet"] = "auto"
+    path: str = Field(
+        "var/demo/raw/daily",
+        description="Raw export to process: a CSV, JSONL or Parquet file or folder. A folder of "
+        "date partitions (date=YYYY-MM-DD/): scheduled and backfill runs read the days of their "
+        "data interval, manual runs all of it. Relative paths are relative to the project")
+    format: Literal["auto", "csv", "jsonl", "parquet"] = Field(
+        "auto", description="Format of the export; auto picks by file extension")
     columns: ColumnMap = Field(default_factory=ColumnMap)
     # Line-by-line CSV parsing keeps a broken quote from swallowing the following rows
     # (every physical line stays one record, so every row can be accounted for). Turn on
@@ -59,10 +64,10 @@ class InputConfig(_Section):
 
 class CleanConfig(_Section):
     labels_file: str = "data/banking77/categories.json"
-    min_chars: int = Field(2, ge=1)  # one character carries no intent
+    min_chars: int = Field(2, ge=1, description="Shorter messages are quarantined")  # one character carries no intent
     # Banking77's longest message is 433 characters; 1000 leaves room for real messages
     # while catching pasted e-mail threads and log dumps.
-    max_chars: int = Field(1000, ge=10)
+    max_chars: int = Field(1000, ge=10, description="Longer messages are quarantined")
 
 
 class DedupConfig(_Section):
@@ -71,7 +76,8 @@ class DedupConfig(_Section):
     shingle_k: int = Field(5, ge=2, le=8)
     # Jaccard at or above this merges two messages. 0.8 keeps one-word edits of normal
     # messages while leaving distinct messages of the same intent apart.
-    threshold: float = Field(0.8, gt=0.0, le=1.0)
+    threshold: float = Field(0.8, gt=0.0, le=1.0, description="Jaccard similarity of shingles at "
+                             "or above which two messages are near-duplicates")
     # 20 bands x 5 rows, a pair is a candidate when it collides in at least 2 bands:
     # P(candidate) is 0.996 at J=0.8, 0.13 at J=0.5 and 0.001 at J=0.3, so candidates
     # stay near-linear in the input while recall at the threshold stays high. Measured at
@@ -103,7 +109,9 @@ class DesensitizeConfig(_Section):
     # pseudonym: "<EMAIL_3f9a1c2b7d>", a keyed HMAC of the value, so the same customer's
     # email maps to the same token in every row and run (joins and counts still work)
     # while different keys give unrelated tokens.
-    mode: Literal["placeholder", "pseudonym"] = "placeholder"
+    mode: Literal["placeholder", "pseudonym"] = Field(
+        "placeholder", description="placeholder: <EMAIL>, <CARD>...; pseudonym: a keyed HMAC "
+        "token per value (needs the Airflow connection intentops_pseudonym)")
     # The pseudonymization key is never read from config files or the repo: only from this
     # environment variable, which the DAG fills from the Airflow connection
     # `intentops_pseudonym` (its password) when that connection exists.
@@ -114,8 +122,10 @@ class DesensitizeConfig(_Section):
 
 class ValidationConfig(_Section):
     # Gate thresholds on the desensitized training candidates (DAG params override them).
-    max_duplicate_rate: float = Field(0.01, ge=0.0, le=1.0)
-    max_residual_pii_rate: float = Field(0.0, ge=0.0, le=1.0)
+    max_duplicate_rate: float = Field(0.01, ge=0.0, le=1.0, description="Gate: largest share of "
+                                      "rows whose normalized text repeats after dedup")
+    max_residual_pii_rate: float = Field(0.0, ge=0.0, le=1.0, description="Gate: largest share "
+                                         "of rows still matching a PII pattern after masking")
     min_rows: int = Field(1, ge=0)
 
 
@@ -134,15 +144,20 @@ class LabelQAConfig(_Section):
     min_label_quality: float = Field(0.9, gt=0.0, le=1.0)
     # What the curated training set does with suspects: drop them, take the suggested
     # label, or keep them with `downweight` as sample weight.
-    suspects: Literal["exclude", "relabel", "downweight"] = "exclude"
+    suspects: Literal["exclude", "relabel", "downweight"] = Field(
+        "exclude", description="What the curated training set does with suspect labels: leave "
+        "them out, take the suggested label, or keep them with a low sample weight")
     downweight: float = Field(0.2, ge=0.0, le=1.0)
     # train / val / test shares of the stratified split (whole dedup clusters at a time).
     split: tuple[float, float, float] = (0.8, 0.1, 0.1)
     seed: int = 42
     # Gate (DAG params override): Krippendorff's alpha at least this (skipped, with a
     # note, when there is only one annotation per item), suspects at most this share.
-    min_alpha: float = Field(0.8, ge=-1.0, le=1.0)
-    max_suspect_rate: float = Field(0.05, ge=0.0, le=1.0)
+    min_alpha: float = Field(0.8, ge=-1.0, le=1.0, description="Label QA gate: smallest "
+                             "Krippendorff's alpha of the annotators (skipped when every item "
+                             "has one annotation)")
+    max_suspect_rate: float = Field(0.05, ge=0.0, le=1.0, description="Label QA gate: largest "
+                                    "share of items whose label is suspect (the relabel queue)")
 
     @field_validator("split")
     @classmethod
@@ -159,6 +174,44 @@ class TrackingConfig(_Section):
     data_quality_experiment: str = "intentops-data-quality"
 
 
+class TrainingHParams(_Section):
+    """Training hyper-parameters: the one definition the config, the DAG's trigger form and
+    the torchrun workers (``training.train``, which reads them back from a JSON file) share.
+
+    The defaults fine-tune the pretrained MiniLM for one epoch in bf16 (1.45-1.7x faster
+    than fp32 on an AVX512-BF16 CPU). Peak lr 2e-4, not 1e-4: measured on the demo data,
+    one epoch at 1e-4 reached 0.891 test accuracy and its int8 build agreed with fp32 on
+    only 98.6% of rows (the export gate wants 99%); at 2e-4, 0.929 and 99.1-99.3% (two
+    epochs at 1e-4: 0.934 and 99.4%, at twice the time). See docs/BENCHMARKS.md.
+    Unknown keys are rejected: a misspelt ``grad_acum_steps`` silently falling back to its
+    default would train a different model than the one the config claims."""
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, protected_namespaces=())
+
+    model: Literal["minilm", "small"] = Field(
+        "minilm", description="minilm: fine-tune the pretrained MiniLM encoder (the demo default); "
+        "small: a small encoder from scratch (fast, for tests).")
+    max_length: int = Field(64, ge=8, le=512, description="Tokens per message, truncated beyond.")
+    epochs: int = Field(1, ge=1, le=50, description="Training epochs.")
+    batch_size: int = Field(16, ge=1, description="Examples per process per optimizer micro-step.")
+    grad_accum_steps: int = Field(1, ge=1, description="Micro-steps per optimizer step.")
+    lr: float = Field(2e-4, gt=0, description="Peak learning rate.")
+    weight_decay: float = Field(0.01, ge=0)
+    warmup_ratio: float = Field(0.06, ge=0, lt=1, description="Share of steps with a rising learning rate.")
+    max_grad_norm: float | None = Field(1.0, gt=0, description="Gradient clipping norm; empty disables clipping.")
+    precision: Literal["fp32", "bf16"] = Field("bf16", description="Autocast precision of the forward pass.")
+    checkpoint_every_steps: int = Field(100, ge=1, description="Optimizer steps between checkpoints.")
+    early_stopping_patience: int | None = Field(
+        2, ge=1, description="Evaluations without improvement before stopping; empty disables.")
+    early_stopping_metric: Literal["macro_f1", "accuracy"] = "macro_f1"
+    seed: int = 42
+    max_steps: int | None = Field(
+        None, ge=1, description="Training budget: stop after this many optimizer steps (none: no cap)")
+    num_threads: int | None = Field(None, ge=1, description="Torch threads per process; empty: cores // world size.")
+    dropout: float = Field(0.1, ge=0, lt=1)
+    eval_batch_size: int | None = Field(None, ge=1, description="Empty: 2 * batch_size.")
+
+
 class TrainingConfig(_Section):
     # torchrun process group: processes per node (2 = one per core here, gloo on CPU,
     # nccl with CUDA), nodes, and for multi-node a c10d rendezvous endpoint (host:port).
@@ -168,21 +221,14 @@ class TrainingConfig(_Section):
     # torchrun restarts the group this often after a worker dies; each restart (and each
     # Airflow retry) resumes from the newest checkpoint.
     max_restarts: int = Field(1, ge=0)
-    # Hyper-parameters for training.train.TrainConfig (validated there; unknown keys fail).
-    # The demo default fine-tunes the pretrained MiniLM for one epoch in bf16 (1.45-1.7x
-    # faster than fp32 on an AVX512-BF16 CPU). Peak lr 2e-4, not 1e-4: measured on the demo
-    # data, one epoch at 1e-4 reached 0.891 test accuracy and its int8 build agreed with
-    # fp32 on only 98.6% of rows (the export gate wants 99%); at 2e-4, 0.929 and 99.1-99.3%
-    # (two epochs at 1e-4: 0.934 and 99.4%, at twice the time). See docs/BENCHMARKS.md.
-    hparams: dict[str, Any] = Field(default_factory=lambda: {
-        "model": "minilm", "epochs": 1, "max_length": 64, "batch_size": 16, "lr": 2e-4,
-        "warmup_ratio": 0.06, "checkpoint_every_steps": 100, "precision": "bf16"})
+    hparams: TrainingHParams = Field(default_factory=lambda: TrainingHParams())
     experiment: str = "intentops-training"
     registered_model: str = "intentops-intent-classifier"
     # Registration gate: the challenger must pass the behavioural checks and beat the
     # champion's `metric` by `margin`.
     metric: Literal["test_accuracy", "test_macro_f1"] = "test_accuracy"
-    margin: float = Field(0.0, ge=0.0, le=1.0)
+    margin: float = Field(0.0, ge=0.0, le=1.0, description="Register only when the metric beats "
+                          "the champion's by at least this")
     min_invariance: float = Field(0.95, ge=0.0, le=1.0)
     min_functionality: float = Field(0.8, ge=0.0, le=1.0)
     behaviour_sample: int = Field(500, ge=10)
@@ -222,8 +268,10 @@ class DeployConfig(_Section):
     router_port: int = Field(8200, ge=0, le=65535)  # 0: any free port
     # Canary traffic steps in percent; the last must be 100 (the canary takes all traffic
     # before it is promoted).
-    steps: list[int] = Field(default_factory=lambda: [10, 25, 50, 100], min_length=1)
-    bake_seconds: float = Field(20.0, gt=0)  # per step, at least
+    steps: list[int] = Field(default_factory=lambda: [10, 25, 50, 100], min_length=1,
+                             description="Canary traffic steps in percent, rising, ending at 100")
+    bake_seconds: float = Field(20.0, gt=0, le=3600, description="Seconds of live traffic per "
+                                "canary step, at least, before it is judged")
     min_requests: int = Field(40, ge=1)  # canary requests per step before it is judged
     shadow_share: float = Field(0.25, ge=0.0, le=1.0)  # of stable traffic mirrored to the canary
     poll_seconds: float = Field(1.0, gt=0)

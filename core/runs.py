@@ -12,13 +12,24 @@ import logging
 from pathlib import Path
 from typing import Any
 
+from pydantic import ValidationError
+
+from core import params, stages
 from core.config import PipelineConfig, config_from_json, load_config
 from core.stage import StageError, StageResult, atomic_write_text, run_dir, run_pointer
 
 log = logging.getLogger(__name__)
 
-# Stages in pipeline order; later issues append to it.
-STAGES = ("clean", "dedup", "desensitize", "validate", "labelqa", "train", "register", "export", "deploy")
+STAGES = stages.NAMES  # the registry's order (core/stages.py)
+
+
+class SettingsError(StageError):
+    """A run's settings are invalid: an unknown trigger setting or a value out of bounds.
+    Raised by ``resolve_run_config``, before any stage runs."""
+
+
+class NoDataInInterval(StageError):
+    """A scheduled run's data interval holds no date partition of the input: nothing to do."""
 
 
 def save_run_config(cfg: PipelineConfig, run_id: str) -> str:
@@ -27,15 +38,57 @@ def save_run_config(cfg: PipelineConfig, run_id: str) -> str:
     return str(path)
 
 
-def resolve_run_config(run_id: str, overrides: dict[str, Any] | None = None,
-                       training_hparams: dict[str, Any] | None = None) -> str:
-    """Resolve and save the run's config. ``training_hparams`` (the DAG's training params)
-    are merged into ``training.hparams`` key by key, keeping the configured rest."""
-    cfg = load_config(overrides={k: v for k, v in (overrides or {}).items() if v is not None})
-    if training_hparams:
-        merged = {**cfg.training.hparams, **{k: v for k, v in training_hparams.items() if v is not None}}
-        cfg.training.hparams = merged
-    return save_run_config(cfg, run_id)
+def resolve_run_config(run_id: str, conf: dict[str, Any] | None = None,
+                       interval: tuple[Any, Any] | None = None) -> tuple[str, str | None]:
+    """Resolve the run's config from the trigger form (``core.params``) over the YAML file
+    and the environment, validate it and save it with the run. Returns the saved path and,
+    for a run with a data ``interval`` (scheduled, backfill), a note on which days it reads.
+
+    Raises SettingsError for an unknown setting or an invalid value, NoDataInInterval when
+    the input is date-partitioned and the interval holds no partition."""
+    from core import partitions
+
+    try:
+        cfg = load_config(overrides=params.overrides(conf or {}))
+    except params.ParamError as exc:
+        raise SettingsError(str(exc)) from None
+    except ValidationError as exc:
+        problems = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
+        raise SettingsError(f"invalid settings: {problems}") from None
+    note = None
+    if interval is not None:
+        start, end = interval
+        days = partitions.for_interval(cfg.resolve_path(cfg.input.path), start, end)
+        if days == []:
+            raise NoDataInInterval(f"{cfg.input.path}: no date partition in the data interval "
+                                   f"[{start}, {end})")
+        if days:
+            cfg.input.partitions = days
+        note = (f"[{start}, {end}): reads {', '.join(days)}" if days
+                else f"[{start}, {end}): the input is not date-partitioned; reads all of it")
+    return save_run_config(cfg, run_id), note
+
+
+def config_from_args(args: Any) -> PipelineConfig:
+    """The config of a CLI or spark-submit invocation: ``--resolved-config`` (a run's saved
+    config), else ``--config`` FILE; then ``--set KEY=VALUE`` overrides."""
+    import yaml
+
+    overrides: dict[str, Any] = {}
+    if getattr(args, "resolved_config", None):
+        if not args.set:
+            return load_run_config(args.resolved_config)
+        overrides = load_run_config(args.resolved_config).model_dump()
+    for item in args.set:
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise StageError(f"--set expects KEY=VALUE, got {item!r}")
+        overrides[key] = yaml.safe_load(value)
+    try:
+        return load_config(args.config, overrides)
+    except ValidationError as exc:
+        problems = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
+        raise SettingsError(f"invalid settings: {problems}") from None
 
 
 def load_run_config(path: str | Path) -> PipelineConfig:

@@ -24,7 +24,7 @@ import shutil
 import socket
 import time
 import uuid
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -39,6 +39,13 @@ _CHUNK = 1 << 20
 
 class StageError(RuntimeError):
     """A stage failed for a reason the user can act on (bad input, bad config)."""
+
+
+class StageVerdict(StageError):
+    """The stage ran and its verdict stops the run: a gate failed on the data, a model
+    failed its parity check, a rollout was rolled back. A property of the data or the model,
+    not a transient error: the DAG fails the task at once instead of retrying it, and the
+    CLI exits with status 3."""
 
 
 def file_fingerprint(path: str | os.PathLike[str]) -> dict[str, Any]:
@@ -62,18 +69,6 @@ def file_fingerprint(path: str | os.PathLike[str]) -> dict[str, Any]:
                 digest.update(chunk)
                 size += len(chunk)
     return {"sha256": digest.hexdigest(), "bytes": size, "files": len(files)}
-
-
-def code_version(sources: Iterable[Any]) -> str:
-    """Hash of the source files (modules or paths) a stage runs, so a code change is a
-    cache miss. Keyed by file name, not module name: a job run as a script by
-    spark-submit (``__main__``) and imported by a test must get the same version."""
-    digest = hashlib.sha256(__version__.encode())
-    files = sorted(Path(getattr(s, "__file__", s)).resolve() for s in sources)
-    for f in files:
-        digest.update(f.name.encode())
-        digest.update(f.read_bytes())
-    return digest.hexdigest()[:16]
 
 
 def stage_key(stage: str, inputs: dict[str, Any], config: dict[str, Any], code: str) -> str:

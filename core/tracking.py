@@ -15,6 +15,7 @@ from typing import Any
 from core.config import PipelineConfig
 
 STAGE_KEY_TAG = "intentops.stage_key"
+HISTORY_PREFIX = "intentops.alias_history."
 
 
 def tracking_uri(cfg: PipelineConfig) -> str:
@@ -94,3 +95,51 @@ def log_stage_run(
         client.log_artifact(rid, str(path))
     client.set_terminated(rid, "FINISHED")
     return {"run_id": rid, "experiment_id": run.info.experiment_id, "experiment": experiment}
+
+
+def actor() -> str:
+    """Who acts, for the alias history: ``INTENTOPS_ACTOR`` when the caller set it (the
+    DAG's tasks: ``airflow:<dag>/<run id>``), else ``user:<login name>``."""
+    import getpass
+
+    return os.environ.get("INTENTOPS_ACTOR") or f"user:{getpass.getuser()}"
+
+
+def move_alias(client, name: str, alias: str, version: str | None, reason: str,
+               by: str | None = None) -> None:
+    """Point ``alias`` at ``version`` (``None`` removes it) and record the move: the one way
+    the project moves an alias (registration, promotion, rollback, manual moves), so the
+    history is complete. A move to where the alias already points records nothing.
+
+    The record is a registered-model tag ``intentops.alias_history.<ms>.<alias>`` = JSON
+    {alias, version, previous, reason, by, at}."""
+    import json
+    import time
+
+    from mlflow.exceptions import MlflowException
+
+    try:
+        previous = str(client.get_model_version_by_alias(name, alias).version)
+    except MlflowException:
+        previous = None
+    if previous == (None if version is None else str(version)):
+        return
+    if version is None:
+        client.delete_registered_model_alias(name, alias)
+    else:
+        client.set_registered_model_alias(name, alias, str(version))
+    now = time.time()
+    entry = {"alias": alias, "version": None if version is None else str(version),
+             "previous": previous, "reason": reason, "by": by or actor(),
+             "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(now))}
+    client.set_registered_model_tag(name, f"{HISTORY_PREFIX}{int(now * 1000):013d}.{alias}",
+                                    json.dumps(entry))
+
+
+def alias_history(client, name: str) -> list[dict[str, Any]]:
+    """Every recorded alias move of the registered model, oldest first."""
+    import json
+
+    rm = client.get_registered_model(name)
+    items = sorted((k, v) for k, v in rm.tags.items() if k.startswith(HISTORY_PREFIX))
+    return [json.loads(v) for _, v in items]

@@ -5,27 +5,16 @@ One DAG for the whole pipeline. Each task is an idempotent stage: it publishes i
 output atomically under the lake (`lake_root` in `configs/pipeline.yaml`) with a manifest,
 and a rerun with the same input and settings is a cache hit that does no work.
 
-| task | what it does |
-|---|---|
-| `resolve_config` | resolves the typed config once (YAML + environment + this run's params) and saves it with the run |
-| `clean` | Spark: schema, Unicode NFKC, whitespace and control characters, length bounds, label normalization; rejects go to quarantine with a reason code |
-| `dedup` | Spark: exact duplicates on the normalized key, then near-duplicates by MinHash LSH; one survivor per cluster, clusters with disagreeing labels flagged |
-| `desensitize` | Spark: detects personal data (names, emails, phones, cards, IBANs, SSNs, PRC IDs, addresses, IPs) and masks it with typed placeholders or keyed pseudonyms; nothing downstream sees raw PII |
-| `validate` | Great Expectations gate on the desensitized data: schema, nulls, label set, length, residual PII, duplicate rate, row accounting; fails with a readable summary, Data Docs kept in the lake |
-| `labelqa` | label QA on the desensitized data: annotator agreement (Cohen, Fleiss, Krippendorff), Dawid-Skene consensus, confident learning (cleanlab) on cross-validated TF-IDF + logistic regression; publishes the curated train/val/test set, the relabel queue (CSV, Label Studio JSON) and an HTML report, logs to the MLflow experiment `intentops-data-quality`; fails below the quality bar, leaving the report and queue in place |
-| `train` | `torchrun` process group (2 processes, gloo on CPU) fine-tuning the intent classifier on the curated split; checkpoints every N steps, a retry resumes; MLflow run in `intentops-training` with lineage tags back to every data stage and the QA record; the model logged as a pyfunc |
-| `register` | behavioural checks (PII-placeholder and casing invariance, minimum functionality), then the registry gate: a new version with alias `challenger` only when it beats the `champion` by the margin; otherwise the run is tagged rejected with the reason. Runs in the pool `intentops_registry` (one slot) |
-| `export` | ONNX fp32 and int8 builds of the registered version, parity-checked, gated and timed, attached to the version |
-| `deploy` | canary rollout of the int8 build beside the stable model through the router: traffic steps with a bake time each, canary compared with stable on errors, latency, agreement and probe accuracy; promotes (alias `champion`, old one `previous`) or rolls back with the reason tagged on the version |
-| `summary` | rows in, kept, quarantined by reason, duplicates merged, PII by type, gate result and time, per stage |
+The stage tasks are the stages of `core/stages.py`, in its order (the table below is
+generated from it), between `resolve_config` (the run's typed config, resolved once: YAML,
+environment, then this run's params) and `summary` / `report` / `watcher`.
 
-**Params** (the trigger form): `input_path` and `input_format` of the raw export,
-`min_chars` / `max_chars` length bounds, the near-duplicate `dedup_threshold`, the
-masking mode `pii_mode`, the gate's `max_duplicate_rate` / `max_residual_pii_rate`, and
-the label-QA bar `min_label_alpha` / `max_suspect_rate` with `label_suspects` (what the
-curated set does with suspects), the training choice and budget `model`, `epochs`,
-`max_steps`, `learning_rate`, and the registration `registration_margin`, and the rollout's `canary_steps` and
-`canary_bake_seconds`.
+{stage_table}
+
+**Params** (the trigger form) are derived from the typed config (`core/params.py`): each
+is one config field, with its type, bounds and description; left empty it keeps the
+configured value (`configs/pipeline.yaml`, `INTENTOPS__...` environment). An unknown
+name or a bad value fails `resolve_config`, before any stage runs.
 Paths relative to the project root are fine.
 
 **Pseudonym mode** reads its HMAC key from the Airflow connection `intentops_pseudonym`
@@ -42,7 +31,6 @@ configuration.
 
 from __future__ import annotations
 
-import os
 from datetime import timedelta
 from pathlib import Path
 
@@ -50,6 +38,9 @@ import pendulum
 from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
 from airflow.sdk import Param, dag, task
 from airflow.sdk.definitions.timetables.interval import CronDataIntervalTimetable
+
+from core import params as form
+from core.stages import STAGES, Stage
 
 PROJECT = Path(__file__).resolve().parent.parent
 JOBS = PROJECT / "jobs" / "spark"
@@ -65,43 +56,101 @@ default_args = {
 }
 
 
-class DesensitizeSubmitOperator(SparkSubmitOperator):
-    """spark-submit with the pseudonymization key put into the job's environment at run
-    time, from the Airflow connection `intentops_pseudonym` when it exists. The key never
-    appears in the command line, in XCom or in rendered templates."""
+class StageSubmitOperator(SparkSubmitOperator):
+    """spark-submit of one Spark stage, set up at run time from the run's resolved config:
+    the driver memory is ``spark.driver_memory`` (the one setting; INTENTOPS__SPARK__DRIVER_MEMORY
+    overrides it like any field), and a stage that reads the ``desensitize`` section gets
+    the pseudonymization key in its environment, from the Airflow connection
+    `intentops_pseudonym` when it exists. The key never appears in the command line, in
+    XCom or in rendered templates."""
+
+    def __init__(self, *, stage_sections: tuple[str, ...] = (), **kwargs):
+        super().__init__(**kwargs)
+        self.stage_sections = stage_sections
 
     def execute(self, context):
-        import os as _os
+        import os
 
         from airflow.sdk import Connection
 
-        try:
-            key = Connection.get("intentops_pseudonym").password
-        except Exception:  # no such connection: the worker's environment may have the key
-            key = None
-        key = key or _os.environ.get("INTENTOPS_PSEUDONYM_KEY")
-        if key:
-            self.env_vars = {**(self.env_vars or {}), "INTENTOPS_PSEUDONYM_KEY": key}
+        from core.runs import load_run_config
+
+        args = list(self.application_args or [])
+        cfg = load_run_config(args[args.index("--resolved-config") + 1])
+        self._driver_memory = cfg.spark.driver_memory
+        if "desensitize" in self.stage_sections:
+            try:
+                key = Connection.get("intentops_pseudonym").password
+            except Exception:  # no such connection: the worker's environment may have the key
+                key = None
+            key = key or os.environ.get(cfg.desensitize.key_env)
+            if key:
+                self.env_vars = {**(self.env_vars or {}), cfg.desensitize.key_env: key}
         return super().execute(context)
 
 
-def spark_stage(task_id: str, cls: type[SparkSubmitOperator] = SparkSubmitOperator):
-    return cls(
-        task_id=task_id,
-        application=str(JOBS / f"{task_id}.py"),
+def spark_stage(stage: Stage) -> StageSubmitOperator:
+    import os
+
+    return StageSubmitOperator(
+        task_id=stage.name,
+        doc_md=stage.summary,
+        application=str(JOBS / f"{stage.name}.py"),
         conn_id="spark_default",
-        name=f"intentops-{task_id}",
+        name=f"intentops-{stage.name}",
         application_args=["--resolved-config", CONFIG_REF, "--run-id", "{{ run_id }}"],
-        driver_memory=os.environ.get("INTENTOPS_SPARK_DRIVER_MEMORY", "4g"),
         conf={"spark.ui.showConsoleProgress": "false"},
         # The Python that runs the job's driver and workers: the one with this project.
         env_vars={"PYSPARK_PYTHON": os.environ.get("PYSPARK_PYTHON", "python3")},
+        stage_sections=stage.sections,
+        retries=stage.retries,
+        execution_timeout=timedelta(minutes=stage.timeout_minutes),
     )
+
+
+def python_stage(stage: Stage):
+    """A stage run in the worker: its work function, then its verdict. A verdict that stops
+    the run (a failed gate, a failed parity check, a rollback) is a property of the data or
+    the model, not a transient error: AirflowFailException fails the task at once, after
+    the stage published its outputs (reports, queues, charts) for people to read."""
+    name = stage.name
+
+    @task(task_id=name, doc_md=stage.summary, retries=stage.retries,
+          execution_timeout=timedelta(minutes=stage.timeout_minutes),
+          **({"pool": stage.pool} if stage.pool else {}))
+    def run_stage(config_path: str, run_id: str) -> str:
+        import os
+
+        from airflow.sdk.exceptions import AirflowFailException
+
+        from core import stages
+        from core.runs import load_run_config
+        from core.stage import StageVerdict
+
+        # Who moves an alias (promotion, registration): recorded in the alias history.
+        os.environ["INTENTOPS_ACTOR"] = f"airflow:intentops_pipeline/{run_id}"
+        st = stages.get(name)
+        cfg = load_run_config(config_path)
+        try:
+            result = st.run(cfg, run_id)
+            print(f"{name}: output {result.path} ({'cache hit' if result.cache_hit else 'published'})")
+            print(st.verdict(cfg, result))
+        except StageVerdict as exc:
+            raise AirflowFailException(str(exc)) from None
+        return result.path
+
+    return run_stage
+
+
+def _stage_table() -> str:
+    rows = ["| task | upstream | what it does |", "|---|---|---|"]
+    rows += [f"| `{s.name}` | {', '.join(s.upstream) or '-'} | {s.kind}: {s.summary} |" for s in STAGES]
+    return "\n".join(rows)
 
 
 @dag(
     dag_id="intentops_pipeline",
-    doc_md=__doc__,
+    doc_md=__doc__.replace("{stage_table}", _stage_table()),
     # Daily, with a real data interval (the day before the run): each scheduled run owns
     # one day of the export, which is what a backfill replays.
     schedule=CronDataIntervalTimetable("@daily", timezone="UTC"),
@@ -113,92 +162,7 @@ def spark_stage(task_id: str, cls: type[SparkSubmitOperator] = SparkSubmitOperat
     default_args=default_args,
     dagrun_timeout=timedelta(hours=3),
     tags=["intentops", "data"],
-    params={
-        "input_path": Param(
-            # INTENTOPS__INPUT__PATH, the config's own override, sets the default here too
-            # (the scaled-out shape and the tests point scheduled runs at their export).
-            os.environ.get("INTENTOPS__INPUT__PATH", "var/demo/raw/daily"),
-            type="string",
-            minLength=1,
-            description="Raw export to process: a CSV, JSONL or Parquet file or folder. A folder "
-            "of date partitions (date=YYYY-MM-DD/): scheduled and backfill runs read the days "
-            "of their data interval, manual runs all of it.",
-        ),
-        "input_format": Param(
-            "auto",
-            enum=["auto", "csv", "jsonl", "parquet"],
-            description="Format of the export; auto picks by file extension.",
-        ),
-        "min_chars": Param(
-            2, type="integer", minimum=1, description="Shorter messages are quarantined."
-        ),
-        "max_chars": Param(
-            1000, type="integer", minimum=10, description="Longer messages are quarantined."
-        ),
-        "dedup_threshold": Param(
-            0.8,
-            type="number",
-            exclusiveMinimum=0,
-            maximum=1,
-            description="Jaccard similarity of 5-byte shingles at or above which two messages are near-duplicates.",
-        ),
-        "pii_mode": Param(
-            "placeholder",
-            enum=["placeholder", "pseudonym"],
-            description="placeholder: <EMAIL>, <CARD>...; pseudonym: a keyed HMAC token per value "
-            "(needs the Airflow connection intentops_pseudonym).",
-        ),
-        "max_duplicate_rate": Param(
-            0.01, type="number", minimum=0, maximum=1,
-            description="Gate: largest share of rows whose normalized text repeats after dedup.",
-        ),
-        "max_residual_pii_rate": Param(
-            0.0, type="number", minimum=0, maximum=1,
-            description="Gate: largest share of rows still matching a PII pattern after masking.",
-        ),
-        "min_label_alpha": Param(
-            0.8, type="number", minimum=-1, maximum=1,
-            description="Label QA gate: smallest Krippendorff's alpha of the annotators "
-            "(skipped when every item has one annotation).",
-        ),
-        "max_suspect_rate": Param(
-            0.05, type="number", minimum=0, maximum=1,
-            description="Label QA gate: largest share of items whose label is suspect (the relabel queue).",
-        ),
-        "label_suspects": Param(
-            "exclude",
-            enum=["exclude", "relabel", "downweight"],
-            description="What the curated training set does with suspect labels: leave them out, "
-            "take the suggested label, or keep them with a low sample weight.",
-        ),
-        "model": Param(
-            "minilm", enum=["minilm", "small"],
-            description="minilm: fine-tune the pretrained MiniLM encoder (the demo default); "
-            "small: a small encoder from scratch (fast, for tests).",
-        ),
-        "epochs": Param(1, type="integer", minimum=1, maximum=50, description="Training epochs."),
-        "max_steps": Param(
-            None, type=["null", "integer"], minimum=1,
-            description="Training budget: stop after this many optimizer steps (empty: no cap).",
-        ),
-        "learning_rate": Param(
-            None, type=["null", "number"], exclusiveMinimum=0,
-            description="Peak learning rate (empty: the configured one, 2e-4 for MiniLM).",
-        ),
-        "canary_steps": Param(
-            [10, 25, 50, 100], type="array", items={"type": "integer", "minimum": 1, "maximum": 100},
-            minItems=1,
-            description="Canary traffic steps in percent, rising, ending at 100.",
-        ),
-        "canary_bake_seconds": Param(
-            20, type="number", exclusiveMinimum=0, maximum=3600,
-            description="Seconds of live traffic per canary step, at least, before it is judged.",
-        ),
-        "registration_margin": Param(
-            0.0, type="number", minimum=0, maximum=1,
-            description="Register only when test accuracy beats the champion's by at least this.",
-        ),
-    },
+    params={name: Param(**entry) for name, entry in form.form().items()},
 )
 def intentops_pipeline():
     @task(retries=1)
@@ -206,163 +170,27 @@ def intentops_pipeline():
                        data_interval_end=None) -> str:
         """Resolve the config once for the run and save it; later tasks read the file.
 
-        A scheduled or backfill run over a folder of date partitions reads only the days of
-        its data interval; an interval with no partition skips the run (nothing to do is
-        not a failure)."""
-        from airflow.sdk.exceptions import AirflowSkipException
+        A bad or unknown param fails here, at once, before any stage runs. A scheduled or
+        backfill run over a folder of date partitions reads only the days of its data
+        interval; an interval with no partition skips the run (nothing to do is not a
+        failure)."""
+        from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
 
-        from core import partitions as parts
-        from core.config import PROJECT_ROOT
-        from core.runs import resolve_run_config
+        from core.runs import NoDataInInterval, SettingsError, resolve_run_config
 
         run_type = getattr(dag_run, "run_type", None)
         run_type = str(getattr(run_type, "value", run_type) or "")
-        days = None
-        if run_type in ("scheduled", "backfill"):
-            root = Path(params["input_path"])
-            days = parts.for_interval(root if root.is_absolute() else PROJECT_ROOT / root,
-                                      data_interval_start, data_interval_end)
-            if days == []:
-                raise AirflowSkipException(
-                    f"{params['input_path']}: no date partition in the data interval "
-                    f"[{data_interval_start}, {data_interval_end})")
-            print(f"{run_type} run for [{data_interval_start}, {data_interval_end}): "
-                  f"{'reads ' + ', '.join(days) if days else 'the input is not date-partitioned; reads all of it'}")
-        return resolve_run_config(
-            run_id,
-            {
-                "input.partitions": days,
-                "input.path": params["input_path"],
-                "input.format": params["input_format"],
-                "clean.min_chars": params["min_chars"],
-                "clean.max_chars": params["max_chars"],
-                "dedup.threshold": params["dedup_threshold"],
-                "desensitize.mode": params.get("pii_mode"),
-                "validation.max_duplicate_rate": params.get("max_duplicate_rate"),
-                "validation.max_residual_pii_rate": params.get("max_residual_pii_rate"),
-                "labelqa.min_alpha": params.get("min_label_alpha"),
-                "labelqa.max_suspect_rate": params.get("max_suspect_rate"),
-                "labelqa.suspects": params.get("label_suspects"),
-                "training.margin": params.get("registration_margin"),
-                "deploy.steps": params.get("canary_steps"),
-                "deploy.bake_seconds": params.get("canary_bake_seconds"),
-            },
-            training_hparams={"model": params.get("model"), "epochs": params.get("epochs"),
-                              "max_steps": params.get("max_steps"), "lr": params.get("learning_rate")},
-        )
-
-    @task
-    def validate(config_path: str, run_id: str) -> str:
-        """Great Expectations gate. A failed expectation is a property of the data, not a
-        transient error: AirflowFailException fails the task at once (retries are for
-        I/O errors only), naming what failed and by how
-        much; the Data Docs stay in the lake (path in the log)."""
-        from airflow.sdk.exceptions import AirflowFailException
-
-        from core.runs import load_run_config
-        from quality import gate, validation
-
-        result = gate.run(load_run_config(config_path), run_id)
-        print(f"validation result and Data Docs: {result.path}")
+        interval = ((data_interval_start, data_interval_end)
+                    if run_type in ("scheduled", "backfill") else None)
         try:
-            gate.check(result)
-        except validation.GateFailed as exc:
+            path, note = resolve_run_config(run_id, dict(params), interval=interval)
+        except SettingsError as exc:
             raise AirflowFailException(str(exc)) from None
-        return result.path
-
-    @task
-    def labelqa(config_path: str, run_id: str) -> str:
-        """Label QA. Like the validation gate, the stage publishes its outputs first and
-        then fails the task at once (AirflowFailException, no retries) when label quality
-        is below the bar; the report and the relabel queue stay in the lake for people to
-        act on (path in the log and the error)."""
-        from airflow.sdk.exceptions import AirflowFailException
-
-        from core.runs import load_run_config
-        from quality import labelqa as qa
-
-        result = qa.run(load_run_config(config_path), run_id)
-        print(f"label QA report, relabel queue and curated set: {result.path}")
-        print(f"MLflow data-quality run: {result.manifest['stats'].get('mlflow_run_id')}")
-        try:
-            qa.check(result)
-        except qa.QAGateFailed as exc:
-            raise AirflowFailException(str(exc)) from None
-        return result.path
-
-    @task(retries=2)
-    def train(config_path: str, run_id: str) -> str:
-        """torchrun process group; a retry resumes from the newest checkpoint."""
-        from core.runs import load_run_config
-        from training import task as t
-
-        result = t.train(load_run_config(config_path), run_id)
-        s = result.manifest["stats"]
-        print(f"test accuracy {s.get('test_accuracy')}, MLflow run {s.get('mlflow_run_id')}, "
-              f"model {s.get('model_uri')}")
-        return result.path
-
-    @task(pool="intentops_registry")
-    def register(config_path: str, run_id: str) -> str:
-        """The registry gate. Serialized by the one-slot pool (and a file lock)."""
-        from core.runs import load_run_config
-        from training import task as t
-
-        result = t.register(load_run_config(config_path), run_id)
-        s = result.manifest["stats"]
-        if s["registered"]:
-            print(f"registered {s['version']} as challenger: {s['reason']}")
-        else:
-            print(f"not registered (run tagged rejected): {s['reason']}")
-        return result.path
-
-    @task(retries=1)
-    def export(config_path: str, run_id: str) -> str:
-        """ONNX fp32 and int8 builds of the registered version, checked and timed, attached
-        to the version. fp32 parity failing is a property of the model, not a transient
-        error: it fails the task at once. An int8 build that misses its accuracy gate is
-        attached marked failed (serving refuses it); the task itself succeeds."""
-        from airflow.sdk.exceptions import AirflowFailException
-
-        from core.runs import load_run_config
-        from export import task as ex
-        from export.onnx_build import ExportError
-
-        try:
-            result = ex.export(load_run_config(config_path), run_id)
-        except ExportError as exc:
-            raise AirflowFailException(str(exc)) from None
-        s = result.manifest["stats"]
-        if not s["exported"]:
-            print(f"export skipped: {s['reason']}")
-        else:
-            r = s["ratios"]
-            print(f"version {s['model_version']}: int8 {s['int8_status']} ({s['int8_reason']}); "
-                  f"int8 {r['int8_speedup_vs_eager_b1']:.2f}x eager at batch 1, "
-                  f"{r['int8_throughput_vs_fp32_b32']:.2f}x fp32 throughput at batch 32, "
-                  f"{r['int8_size_share_of_fp32']:.1%} of the fp32 size; report {result.path}/report.md")
-        return result.path
-
-    @task(retries=1, execution_timeout=timedelta(minutes=30))
-    def deploy(config_path: str, run_id: str) -> str:
-        """Canary rollout of the exported int8 build (deploy/canary.py). A rollback or a
-        refused build is a verdict, not a transient error: the stage records it (tags on
-        the version, rollout chart in MLflow) and the task fails at once with the reason."""
-        from airflow.sdk.exceptions import AirflowFailException
-
-        from core.runs import load_run_config
-        from deploy import task as dt
-
-        cfg = load_run_config(config_path)
-        result = dt.deploy(cfg, run_id)
-        s = result.manifest["stats"]
-        print(f"deploy: {s['decision']}: {s['reason']}")
-        if s["decision"] in dt.FAILED_DECISIONS:
-            raise AirflowFailException(f"version {s.get('version')} {s['decision']}: {s['reason']}")
-        if s["decision"] in ("promoted", "already_serving"):
-            stable = dt.ensure_serving(cfg)  # a cache hit after `intentops deploy stop`
-            print(f"serving version {stable and stable['version']} behind the router at {dt.router_url(cfg)}")
-        return result.path
+        except NoDataInInterval as exc:
+            raise AirflowSkipException(str(exc)) from None
+        if note:
+            print(f"{run_type} run: {note}")
+        return path
 
     # The summary runs whatever the verdicts were, so a run that stopped at a gate or
     # rolled back still gets its per-stage summary; `watcher` then keeps such a run failed
@@ -379,16 +207,6 @@ def intentops_pipeline():
 
         return write_summary(config_path, run_id)
 
-    config_path = resolve_config()
-    clean = spark_stage("clean")
-    dedup = spark_stage("dedup")
-    desensitize = spark_stage("desensitize", DesensitizeSubmitOperator)
-    gate = validate(config_path)
-    qa = labelqa(config_path)
-    trained = train(config_path)
-    registered = register(config_path)
-    exported = export(config_path)
-    config_path >> clean >> dedup >> desensitize >> gate >> qa >> trained >> registered >> exported
     @task(trigger_rule="one_failed", retries=0)
     def watcher() -> None:
         """Fails the run when any stage failed (Airflow's watcher pattern)."""
@@ -416,10 +234,17 @@ def intentops_pipeline():
               f"(/intentops/runs/<run_id>/report); MLflow artifact: {uri or 'none (no version registered)'}")
         return str(path)
 
-    deployed = deploy(config_path)
+    config_path = resolve_config()
+    tasks = {}
+    for s in STAGES:  # the registry's order; each stage waits for its declared upstream
+        tasks[s.name] = spark_stage(s) if s.kind == "spark" else python_stage(s)(config_path)
+        config_path >> tasks[s.name]
+        for up in s.upstream:
+            tasks[up] >> tasks[s.name]
+    last = tasks[STAGES[-1].name]
     summarized = summary(config_path)
-    exported >> deployed >> summarized
-    deployed >> watcher()
+    last >> summarized
+    last >> watcher()
     summarized >> report(config_path)
 
 

@@ -323,11 +323,12 @@ def _promote(dep: Deployment, state: dict[str, Any], canary: dict[str, Any], cli
     dep.kill(old)  # SIGTERM: uvicorn finishes the requests it still has
     aliases = dep.aliases()
     champ = aliases.get(ALIAS_CHAMPION)
+    why = f"canary of v{version} passed every step: promoted"
     if champ and champ != version:
-        client.set_registered_model_alias(name, ALIAS_PREVIOUS, champ)
-    client.set_registered_model_alias(name, ALIAS_CHAMPION, version)
+        tracking.move_alias(client, name, ALIAS_PREVIOUS, champ, why)
+    tracking.move_alias(client, name, ALIAS_CHAMPION, version, why)
     if aliases.get(ALIAS_CHALLENGER) == version:
-        client.delete_registered_model_alias(name, ALIAS_CHALLENGER)
+        tracking.move_alias(client, name, ALIAS_CHALLENGER, None, why)
     log.info("promoted v%s: champion -> v%s, previous -> v%s", version, version, champ)
 
 

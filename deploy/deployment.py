@@ -350,9 +350,10 @@ class Deployment:
         state["canary"] = None
         self.save(state)
         self.kill(old)
-        client.set_registered_model_alias(name, ALIAS_CHAMPION, prev)
+        why = f"rollback: v{prev} serves again in place of v{champ}"
+        tracking.move_alias(client, name, ALIAS_CHAMPION, prev, why)
         if champ:
-            client.set_registered_model_alias(name, ALIAS_PREVIOUS, champ)
+            tracking.move_alias(client, name, ALIAS_PREVIOUS, champ, why)
             client.set_model_version_tag(name, champ, DECISION_TAG, "rolled_back_by_operator")
         log.info("rolled back: v%s serves, champion -> v%s, previous -> v%s", prev, prev, champ)
         return {"serving": prev, "champion": prev, "previous": champ}

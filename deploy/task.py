@@ -13,7 +13,7 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from core import stage, tracking
+from core import stage, stages
 from core.config import PipelineConfig
 from deploy import canary, deployment
 
@@ -35,14 +35,14 @@ def router_url(cfg: PipelineConfig) -> str:
     return router["url"] if router else f"http://{cfg.deploy.host}:{cfg.deploy.router_port}"
 
 
-def deploy(cfg: PipelineConfig, run_id: str) -> stage.StageResult:
+def run(cfg: PipelineConfig, run_id: str) -> stage.StageResult:
     import pandas as pd
 
     exp = stage.upstream(cfg.lake, run_id, "export")
     qa = stage.upstream(cfg.lake, run_id, "labelqa")
     inputs = {"export": {"key": exp.manifest["key"]}}
     stage_cfg = {"deploy": cfg.deploy.model_dump(), "model": cfg.training.registered_model}
-    code = stage.code_version([Path(__file__), canary, deployment, stage, tracking])
+    code = stages.code_version(DEPLOY)
 
     def work(out: Path) -> dict[str, Any]:
         es = exp.manifest["stats"]
@@ -57,3 +57,18 @@ def deploy(cfg: PipelineConfig, run_id: str) -> stage.StageResult:
                 **{k: v for k, v in res.items() if k not in ("timeline", "events")}}
 
     return stage.run_stage(DEPLOY, cfg.lake, inputs, stage_cfg, code, work, run_id)
+
+
+def check(cfg: PipelineConfig, result: stage.StageResult) -> str:
+    """A rollback or a refused build is a verdict (StageVerdict, with the reason); after a
+    promotion (or a rerun of one) the stable model is kept serving, restarted if the
+    deployment was stopped since."""
+    s = result.manifest["stats"]
+    if s["decision"] in FAILED_DECISIONS:
+        raise stage.StageVerdict(f"version {s.get('version')} {s['decision']}: {s['reason']}")
+    line = f"deploy: {s['decision']}: {s['reason']}"
+    if s["decision"] in ("promoted", "already_serving"):
+        stable = ensure_serving(cfg)  # a cache hit after `intentops deploy stop`
+        line += (f"; serving version {stable and stable['version']} behind the router at "
+                 f"{router_url(cfg)}")
+    return line

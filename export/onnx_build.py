@@ -38,6 +38,7 @@ from typing import Any
 
 import numpy as np
 
+from core.stage import StageVerdict
 from export.runtime import MODEL_FILE, TextEncoder, default_threads, session
 
 log = logging.getLogger(__name__)
@@ -56,8 +57,9 @@ CHECK_BATCHES = (1, 3, 17)
 CHECK_SEQUENCES = (5, 64)
 
 
-class ExportError(RuntimeError):
-    """The export or one of its checks failed; the message says which and why."""
+class ExportError(StageVerdict):
+    """The export or one of its checks failed (fp32 parity, an unsupported opset): a property
+    of the model or the settings, not a transient error; the message says which and why."""
 
 
 # ---------------------------------------------------------------------------- export

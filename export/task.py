@@ -26,7 +26,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from core import stage, tracking
+from core import stage, stages, tracking
 from core.config import PipelineConfig
 from export import build, onnx_build, runtime
 
@@ -134,7 +134,7 @@ def attach(cfg: PipelineConfig, name: str, version: str, out: Path, report: dict
     return uris
 
 
-def export(cfg: PipelineConfig, run_id: str) -> stage.StageResult:
+def run(cfg: PipelineConfig, run_id: str) -> stage.StageResult:
     import pandas as pd
 
     reg = stage.upstream(cfg.lake, run_id, "register")
@@ -142,7 +142,7 @@ def export(cfg: PipelineConfig, run_id: str) -> stage.StageResult:
     name = cfg.training.registered_model
     inputs = {"register": {"key": reg.manifest["key"]}}
     stage_cfg = {"export": cfg.export.model_dump(), "model": name}
-    code = stage.code_version([Path(__file__), build, onnx_build, runtime, stage, tracking])
+    code = stages.code_version(EXPORT)
     key = stage.stage_key(EXPORT, inputs, stage_cfg, code)
 
     def work(out: Path) -> dict[str, Any]:
@@ -175,3 +175,17 @@ def export(cfg: PipelineConfig, run_id: str) -> stage.StageResult:
                 "fp32_model_uri": uris["fp32"], "int8_model_uri": uris["int8"]}
 
     return stage.run_stage(EXPORT, cfg.lake, inputs, stage_cfg, code, work, run_id)
+
+
+def check(cfg: PipelineConfig, result: stage.StageResult) -> str:
+    """A one-line verdict. A failed fp32 parity check raised ExportError in ``run``; an
+    int8 build that missed its accuracy gate is attached marked failed (serving refuses
+    it) and the stage itself succeeds."""
+    s = result.manifest["stats"]
+    if not s["exported"]:
+        return f"export skipped: {s['reason']}"
+    r = s["ratios"]
+    return (f"version {s['model_version']}: int8 {s['int8_status']} ({s['int8_reason']}); "
+            f"int8 {r['int8_speedup_vs_eager_b1']:.2f}x eager at batch 1, "
+            f"{r['int8_throughput_vs_fp32_b32']:.2f}x fp32 throughput at batch 32, "
+            f"{r['int8_size_share_of_fp32']:.1%} of the fp32 size; report {result.path}/report.md")

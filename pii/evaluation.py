@@ -127,41 +127,6 @@ def load_casual(path: Path) -> list[Sample]:
     return out
 
 
-def read_builder(raw_dir: Path):
-    """A raw-data builder output (``raw.*`` + ``ground_truth/``): the clean rows'
-    normalized texts by ticket id, and their planted spans moved into them (a DataFrame:
-    ticket_id, pii_type, start, end; ``demo.groundtruth.locate_spans``)."""
-    import pandas as pd
-
-    from demo.groundtruth import locate_spans
-
-    f = sorted(Path(raw_dir).glob("raw.*"))[0]
-    if f.suffix == ".parquet":
-        raw = pd.read_parquet(f, columns=["ticket_id", "message"])
-    elif f.suffix == ".jsonl":
-        raw = pd.read_json(f, lines=True)[["ticket_id", "message"]]
-    else:  # malformed records are defects; the lenient reader skips them
-        raw = pd.read_csv(f, usecols=["ticket_id", "message"], dtype=str, keep_default_na=False,
-                          on_bad_lines="skip", engine="python")
-    gt = Path(raw_dir) / "ground_truth"
-    rows = pd.read_parquet(gt / "rows.parquet", columns=["ticket_id", "defect"])
-    raw = raw[raw["ticket_id"].isin(set(rows.loc[rows["defect"].isna(), "ticket_id"]))]
-    return locate_spans(raw, pd.read_parquet(gt / "pii_spans.parquet"))
-
-
-def load_builder(raw_dir: Path) -> list[Sample]:
-    """``read_builder`` as labeled samples, with our type names (decoys keep their own, so
-    a detection on one is a false positive)."""
-    from pii import detector as pii
-
-    truth, texts = read_builder(raw_dir)
-    by: dict[str, list] = {}
-    for r in truth.itertuples():
-        by.setdefault(r.ticket_id, []).append(
-            (r.start, r.end, pii.BUILDER_TYPE_MAP.get(r.pii_type, r.pii_type)))
-    return [Sample(t, by.get(tid, []), f"builder-{tid}") for tid, t in texts.items()]
-
-
 def load_banking77(split: str = "test") -> list[str]:
     with open(BANKING77_DIR / f"{split}.csv", encoding="utf-8", newline="") as f:
         return [r["text"] for r in csv.DictReader(f)]

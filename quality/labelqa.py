@@ -49,6 +49,7 @@ import pandas as pd
 
 import textnorm
 from core.config import LabelQAConfig
+from core.stage import StageVerdict
 from quality import agreement
 
 log = logging.getLogger(__name__)
@@ -465,12 +466,10 @@ def metrics(a: Analysis, cur: pd.DataFrame, queue: pd.DataFrame) -> dict[str, An
     }
 
 
-# --------------------------------------------------------------------------- gate and stage
-
-STAGE = "labelqa"
+# --------------------------------------------------------------------------- gate
 
 
-class QAGateFailed(RuntimeError):
+class QAGateFailed(StageVerdict):
     """Label quality is below the configured bar (a property of the data, not transient)."""
 
 
@@ -507,82 +506,3 @@ def describe_failure(gate: dict[str, Any], out: str) -> str:
     parts = [f"{c['name']}: {c['value']} (threshold {c['threshold']})" for c in bad]
     return ("label QA gate failed: " + "; ".join(parts)
             + f". The QA report and the relabel queue are in {out}")
-
-
-def run(cfg, run_id: str):
-    """The stage: read desensitize's kept rows, publish the QA outputs, log to MLflow."""
-    import json
-    from pathlib import Path
-
-    from core import stage, tracking
-    from jobs.spark.clean import load_labels
-    from quality import qareport
-
-    src = stage.upstream(cfg.lake, run_id, "desensitize")
-    classes = load_labels(cfg)
-    qa = cfg.labelqa
-    inputs = {"desensitize": {"key": src.manifest["key"]}}
-    stage_cfg = {"labelqa": qa.model_dump(), "labels": classes}
-    code = stage.code_version([Path(__file__), agreement, qareport, tracking, stage])
-    key = stage.stage_key(STAGE, inputs, stage_cfg, code)
-
-    def work(out: Path) -> dict[str, Any]:
-        cols = ["record_id", "text", "label", "annotations", "cluster_labels", "label_conflict"]
-        items = pd.read_parquet(Path(src.path) / "kept", columns=cols)
-        # Each kept row is a dedup survivor standing for its whole cluster.
-        items["cluster_id"] = items.record_id
-        a = analyze(items, classes, qa)
-        cur = curated(a, qa)
-        queue = relabel_queue(a)
-        m = metrics(a, cur, queue) | {"consensus_method": qa.consensus}
-        gate = gate_checks(m, qa)
-        m["gate"] = gate
-        (out / "curated").mkdir()
-        cur.to_parquet(out / "curated" / "part-0.parquet", index=False)
-        queue.to_csv(out / "relabel_queue.csv", index=False)
-        (out / "relabel_queue.json").write_text(json.dumps(label_studio_tasks(queue), indent=1))
-        (out / "label_studio_config.xml").write_text(label_studio_config(classes))
-        (out / "qa_report.html").write_text(qareport.render(a.items, a.ann, m, queue, gate, run_id))
-        (out / "metrics.json").write_text(json.dumps(m, indent=2, default=str))
-        ag = m["agreement"]
-        flat = {
-            "items": m["items"], "suspects": m["suspects"], "suspect_rate": m["suspect_rate"],
-            "cleanlab_issues": m["cleanlab_issues"], "curated_rows": m["curated_rows"],
-            "krippendorff_alpha": ag.get("krippendorff_alpha"), "fleiss_kappa": ag.get("fleiss_kappa"),
-            "mean_item_agreement": ag.get("mean_item_agreement"),
-            "consensus_changed_exported_label": m["consensus_changed_exported_label"],
-            "model_agrees_with_consensus": m["model_agrees_with_consensus"],
-            "gate_passed": float(gate["passed"]),
-        }
-        for split, n in m["curated_by_split"].items():
-            flat[f"curated_{split}_rows"] = n
-        run = tracking.log_stage_run(
-            cfg, cfg.tracking.data_quality_experiment, key, f"labelqa-{stage.safe_run_id(run_id)}",
-            params={f"labelqa.{k}": v for k, v in qa.model_dump().items()},
-            metrics=flat,
-            tags={"intentops.stage": STAGE, "intentops.pipeline_run_id": run_id,
-                  "intentops.desensitize_key": src.manifest["key"], "gate": "passed" if gate["passed"] else "failed"},
-            artifacts=[out / "qa_report.html", out / "metrics.json", out / "relabel_queue.csv"],
-        )
-        (out / "mlflow_run.json").write_text(json.dumps(run))
-        log.info("label QA: %d items, %d suspects, alpha %s, MLflow run %s",
-                 m["items"], m["suspects"], ag.get("krippendorff_alpha"), run["run_id"])
-        return {
-            "rows_in": m["items"], "kept": m["curated_rows"], "suspects": m["suspects"],
-            "suspect_rate": m["suspect_rate"], "krippendorff_alpha": ag.get("krippendorff_alpha"),
-            "gate_passed": gate["passed"], "mlflow_run_id": run["run_id"],
-            "mlflow_experiment_id": run["experiment_id"], "curated_by_split": m["curated_by_split"],
-            "report": "qa_report.html", "queue": "relabel_queue.csv",
-        }
-
-    return stage.run_stage(STAGE, cfg.lake, inputs, stage_cfg, code, work, run_id)
-
-
-def check(result) -> None:
-    """Raise QAGateFailed with a readable reason when the published result failed its gate."""
-    import json
-    from pathlib import Path
-
-    m = json.loads((Path(result.path) / "metrics.json").read_text())
-    if not m["gate"]["passed"]:
-        raise QAGateFailed(describe_failure(m["gate"], result.path))

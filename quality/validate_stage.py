@@ -9,14 +9,18 @@ kept, checked as an expectation too. Thresholds come from ``validation`` in the 
 (the DAG's params override them).
 
     intentops validate --run-id RUN
+
+The pure checks live in ``quality.validation``; this module is the stage around them.
 """
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
-from core import stage
+import textnorm
+from core import stage, stages
 from core.config import PipelineConfig
 from pii import detector as pii
 from quality import validation
@@ -38,11 +42,10 @@ def accounting(cfg: PipelineConfig, run_id: str) -> dict[str, int]:
 
 
 def run(cfg: PipelineConfig, run_id: str) -> stage.StageResult:
-    from jobs.spark.clean import load_labels
 
     src = stage.upstream(cfg.lake, run_id, "desensitize")
     counts = accounting(cfg, run_id)
-    labels = load_labels(cfg)
+    labels = textnorm.load_label_set(cfg.resolve_path(cfg.clean.labels_file))
     inputs = {"desensitize": {"key": src.manifest["key"]}, "accounting": counts}
     v = cfg.validation
     thresholds = validation.GateThresholds(
@@ -78,17 +81,12 @@ def run(cfg: PipelineConfig, run_id: str) -> stage.StageResult:
             "data_docs": "data_docs/index.html",
         }
 
-    return stage.run_stage(STAGE, cfg.lake, inputs, stage_cfg, _code_version(), work, run_id)
+    return stage.run_stage(STAGE, cfg.lake, inputs, stage_cfg, stages.code_version(STAGE), work, run_id)
 
 
-def check(result: stage.StageResult) -> None:
+def check(cfg: PipelineConfig, result: stage.StageResult) -> str:
     """Raise ``validation.GateFailed`` (naming each failed expectation and by how much) when
-    the published gate result is a failure."""
-    import json
-
-    summary = json.loads((Path(result.path) / "validation_result.json").read_text())
+    the published gate result is a failure; otherwise say where the Data Docs are."""
+    summary = json.loads((Path(result.path) / validation.RESULT_FILE).read_text())
     validation.check(summary)
-
-
-def _code_version() -> str:
-    return stage.code_version([Path(__file__), validation, pii, stage])
+    return f"validation gate passed; result and Data Docs in {result.path}"

@@ -33,6 +33,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from core.stage import StageVerdict
+
 __all__ = [
     "ACCOUNTING_KEYS",
     "DOCS_DIR",
@@ -98,7 +100,7 @@ class GateThresholds:
             raise ValueError(f"min_rows must be >= 0, got {self.min_rows}")
 
 
-class GateFailed(Exception):
+class GateFailed(StageVerdict):
     """The gate's expectations failed; ``failures`` holds one readable line per failure
     (expectation, column, how many rows and which share; never a data value)."""
 

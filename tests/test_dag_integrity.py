@@ -57,8 +57,44 @@ def test_summary_always_runs_and_a_failed_stage_still_fails_the_run(dagbag):
     assert tasks["summary"].trigger_rule == "all_done"
     assert tasks["watcher"].trigger_rule == "one_failed"
     assert tasks["watcher"].upstream_task_ids == {"deploy"}
-    assert tasks["deploy"].upstream_task_ids == {"export", "resolve_config"}
+    assert tasks["deploy"].upstream_task_ids == {"export", "labelqa", "resolve_config"}
     assert {"canary_steps", "canary_bake_seconds"} <= set(dag.params.keys())
+
+
+def test_stage_tasks_are_the_registrys_stages_in_its_order(dagbag):
+    """The DAG's stage tasks are core/stages.py's, wired to their declared upstreams, and
+    every other task is one of the known non-stage tasks."""
+    from core import stages
+
+    dag = dagbag.dags["intentops_pipeline"]
+    tasks = {t.task_id: t for t in dag.tasks}
+    others = {"resolve_config", "summary", "watcher", "report"}
+    assert set(tasks) == set(stages.NAMES) | others
+    order = [t.task_id for t in dag.topological_sort()] if hasattr(dag, "topological_sort") else None
+    if order:
+        assert [n for n in order if n in stages.NAMES] == list(stages.NAMES)
+    for s in stages.STAGES:
+        t = tasks[s.name]
+        assert t.upstream_task_ids == set(s.upstream) | {"resolve_config"}, s.name
+        assert t.retries == s.retries and t.execution_timeout == timedelta(minutes=s.timeout_minutes)
+        if s.pool:
+            assert t.pool == s.pool
+    assert tasks["summary"].upstream_task_ids == {stages.NAMES[-1], "resolve_config"}
+    assert tasks["report"].upstream_task_ids == {"summary", "resolve_config"}
+
+
+def test_the_trigger_form_is_the_configs(dagbag):
+    from core import params
+
+    dag = dagbag.dags["intentops_pipeline"]
+    assert list(dag.params.keys()) == list(params.ALIASES)
+    form = params.form()
+    for name in params.ALIASES:
+        p = dag.params.get_param(name)
+        assert p.value is None  # empty: the configured value
+        schema = {k: v for k, v in form[name].items() if k not in ("default", "description")}
+        assert {k: p.schema.get(k) for k in schema} == schema, name
+        assert p.description == form[name]["description"]
 
 
 def test_spark_stages_use_spark_submit_and_the_default_connection(dagbag):

@@ -118,9 +118,8 @@ def result(spark):
               "channel string, source_file string")
     kept = spark.createDataFrame(_kept(ROWS), schema)
     res = dedup.dedup_frames(spark, kept, DedupConfig())
-    out = {name: res[name].toPandas() for name in ("kept", "merged", "clusters")}
-    for df in res["_persisted"]:
-        df.unpersist()
+    out = {name: df.toPandas() for name, df in res.outputs().items()}
+    res.unpersist()
     return out
 
 
@@ -251,10 +250,9 @@ def test_exact_survivor_is_the_earliest_dated_row(spark):
                   ("y1", "How do I top up?", "top_up", 1)])
     rows.loc[0, "created_at"] = None
     res = dedup.dedup_frames(spark, spark.createDataFrame(rows, schema), DedupConfig())
-    merged = res["merged"].toPandas().set_index("record_id")
-    kept = sorted(res["kept"].toPandas()["record_id"])
-    for df in res["_persisted"]:
-        df.unpersist()
+    merged = res.merged.toPandas().set_index("record_id")
+    kept = sorted(res.kept.toPandas()["record_id"])
+    res.unpersist()
     assert kept == ["x1", "y1"]
     assert merged["survivor_id"].to_dict() == {"x0": "x1", "x2": "x1"}
     assert set(merged["match_type"]) == {"exact"}
@@ -269,9 +267,8 @@ def test_side_tables_too_large_to_broadcast_give_the_same_result(spark, result, 
               "annotations array<struct<annotator:string,label:string>>, created_at timestamp, "
               "channel string, source_file string")
     res = dedup.dedup_frames(spark, spark.createDataFrame(_kept(ROWS), schema), DedupConfig())
-    got = {name: res[name].toPandas() for name in ("kept", "merged", "clusters")}
-    for df in res["_persisted"]:
-        df.unpersist()
+    got = {name: df.toPandas() for name, df in res.outputs().items()}
+    res.unpersist()
     for name, df in got.items():
         key = "survivor_id" if name == "clusters" else "record_id"
         want = result[name].sort_values(key).reset_index(drop=True)

@@ -614,11 +614,11 @@ def test_the_report_plugin_and_the_demo_input_are_where_the_dag_looks(worker_vie
     assert Path(env["AIRFLOW__CORE__DAGS_FOLDER"]) == Path("/opt/intentops/dags")
     # The api-server serves the report from the lake: it mounts the lake's volume, read-only.
     assert "intentops-data:/data:ro" in compose["airflow-api-server"]["volumes"]
-    # The DAG's default input resolves, in the image, into the shared data volume.
-    dag = (ROOT / "dags" / "intentops_pipeline.py").read_text()
-    m = re.search(r'"input_path": Param\(\s*(?:#[^\n]*\n\s*)*os\.environ\.get\("INTENTOPS__INPUT__PATH", "([^"]+)"\)', dag)
-    assert m, "the DAG's input_path default is no longer INTENTOPS__INPUT__PATH or a literal path"
-    default = env.get("INTENTOPS__INPUT__PATH", m.group(1))
+    # The default input (the form's empty input_path: the config's input.path, which
+    # INTENTOPS__INPUT__PATH overrides) resolves, in the image, into the shared data volume.
+    from core.config import load_config
+
+    default = load_config(env={k: v for k, v in env.items() if k.startswith("INTENTOPS")}).input.path
     assert default.startswith(("var/demo/", "/data/"))
     assert "ln -s /data/input/demo /opt/intentops/var/demo" in (DOCKER / "airflow" / "Dockerfile").read_text()
 

@@ -29,7 +29,7 @@ def airflow_env(tmp_path_factory, project_env, mlflow_server):
         AIRFLOW__CORE__LOAD_EXAMPLES="False",
         AIRFLOW_CONN_SPARK_DEFAULT='{"conn_type": "spark", "host": "local[2]"}',
         INTENTOPS__LAKE_ROOT=str(base / "lake"),
-        INTENTOPS_SPARK_DRIVER_MEMORY="2g",
+        INTENTOPS__SPARK__DRIVER_MEMORY="2g",
         MLFLOW_TRACKING_URI=mlflow_server,
         INTENTOPS__TRAINING__MIN_FUNCTIONALITY="0",
         INTENTOPS__TRAINING__MIN_INVARIANCE="0",

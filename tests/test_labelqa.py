@@ -16,7 +16,7 @@ import textnorm
 from core import stage
 from core.config import LabelQAConfig, load_config
 from demo import builder as rawdata
-from quality import labelqa
+from quality import labelqa, labelqa_stage
 
 CLASSES = sorted(
     {textnorm.normalize_label(x) for x in json.loads((ROOT / "data" / "banking77" / "categories.json").read_text())}
@@ -223,13 +223,13 @@ def test_stage_publishes_logs_to_mlflow_and_reruns_idempotently(tmp_path, mlflow
     items, _, _ = noisy
     cfg = load_config(overrides={"lake_root": str(tmp_path / "lake")}, env={})
     _fake_desensitize(cfg.lake, "r1", items)
-    res = labelqa.run(cfg, "r1")
+    res = labelqa_stage.run(cfg, "r1")
     for f in ("qa_report.html", "relabel_queue.csv", "relabel_queue.json", "label_studio_config.xml",
               "metrics.json", "curated"):
         assert (tmp_path / "lake" / "labelqa" / res.key / f).exists(), f
     html = (tmp_path / "lake" / "labelqa" / res.key / "qa_report.html").read_text()
     assert html.count("data:image/png;base64,") >= 3  # annotators, confusion, per class, suspects
-    labelqa.check(res)  # default bar passes
+    labelqa_stage.check(cfg, res)  # default bar passes
     client = MlflowClient(mlflow_server)
     exp = client.get_experiment_by_name("intentops-data-quality")
     # The server is shared by the session: look at this stage output's runs only.
@@ -243,7 +243,7 @@ def test_stage_publishes_logs_to_mlflow_and_reruns_idempotently(tmp_path, mlflow
                                                                        "relabel_queue.csv"}
     # A second pipeline run over the same data: a cache hit, and no second MLflow run.
     _fake_desensitize(cfg.lake, "r2", items)
-    second = labelqa.run(cfg, "r2")
+    second = labelqa_stage.run(cfg, "r2")
     assert second.cache_hit and second.path == res.path
     assert len(client.search_runs([exp.experiment_id], filter_string=mine)) == 1
 
@@ -254,9 +254,9 @@ def test_stage_gate_failure_keeps_report_and_queue(tmp_path, mlflow_server, monk
     cfg = load_config(overrides={"lake_root": str(tmp_path / "lake"), "labelqa.min_alpha": 0.99,
                                  "labelqa.max_suspect_rate": 0.001}, env={})
     _fake_desensitize(cfg.lake, "r1", items)
-    res = labelqa.run(cfg, "r1")
+    res = labelqa_stage.run(cfg, "r1")
     with pytest.raises(labelqa.QAGateFailed, match="krippendorff_alpha >= min_alpha") as exc:
-        labelqa.check(res)
+        labelqa_stage.check(cfg, res)
     assert "suspect_rate <= max_suspect_rate" in str(exc.value)
     assert res.path in str(exc.value)
     assert (tmp_path / "lake" / "labelqa" / res.key / "qa_report.html").exists()

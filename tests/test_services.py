@@ -51,7 +51,7 @@ def services(tmp_path_factory, project_env):
         INTENTOPS_AIRFLOW_PORT=str(_free_port()),
         INTENTOPS_MLFLOW_PORT=str(_free_port()),
         AIRFLOW_CONN_SPARK_DEFAULT='{"conn_type": "spark", "host": "local[2]"}',
-        INTENTOPS_SPARK_DRIVER_MEMORY="2g",
+        INTENTOPS__SPARK__DRIVER_MEMORY="2g",
         INTENTOPS__LAKE_ROOT=str(base / "lake"),
         # Scheduled runs (the DAG is unpaused below) read this export's days; today has none,
         # so the run for the latest interval skips at once.

@@ -39,7 +39,8 @@ from training.train import TrainConfig, load_config
 ROOT = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
 CLASSES = ["age_limit", "apple_pay_or_google_pay", "card_arrival", "exchange_rate", "top_up_failed"]
-SMALL = {"model": "small", "max_length": 32, "lr": 1e-3, "warmup_ratio": 0.1, "seed": 7,
+SMALL = {"model": "small", "max_length": 32, "lr": 1e-3, "warmup_ratio": 0.1, "seed": 7, "epochs": 3,
+         "batch_size": 32, "precision": "fp32", "checkpoint_every_steps": 200,
          "early_stopping_patience": None}
 
 

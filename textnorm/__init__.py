@@ -9,8 +9,13 @@ Spark implementation agrees with it row for row.
 
 from __future__ import annotations
 
+import json
+import os
 import re
 import unicodedata
+from pathlib import Path
+
+from core.stage import StageError
 
 # Format characters (Unicode category Cf) that are invisible but split words:
 # zero-width space/joiners, BOM, word joiner, soft hyphen, bidi marks.
@@ -72,3 +77,22 @@ def normalize_label(label: str | None) -> str | None:
         return None
     out = re.sub(r"[\s\-]+", "_", label.strip().lower())
     return out or None
+
+
+class LabelSetError(StageError, ValueError):
+    """The label file cannot be read or is not a non-empty JSON list of strings."""
+
+
+def load_label_set(path: str | os.PathLike[str]) -> list[str]:
+    """The class list from a JSON file, canonicalized like the labels themselves and sorted.
+
+    Every stage that reads the label set goes through this one function, so a label in the
+    data is always findable in the list (Banking77 itself spells one class
+    ``Refund_not_showing_up``)."""
+    try:
+        raw = json.loads(Path(path).read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise LabelSetError(f"{path}: cannot read the label set: {exc}") from exc
+    if not isinstance(raw, list) or not raw or not all(isinstance(x, str) for x in raw):
+        raise LabelSetError(f"{path}: the label set must be a non-empty JSON list of strings")
+    return sorted({normalize_label(x) for x in raw} - {None})

@@ -37,6 +37,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from demo.groundtruth import load_builder  # noqa: E402
 from pii import detector as pii  # noqa: E402
 from pii import evaluation as pii_eval  # noqa: E402
 from pii import model as pii_model  # noqa: E402
@@ -56,7 +57,7 @@ def builder_samples(rows: int, seed: int) -> list[pii_eval.Sample]:
 
     with tempfile.TemporaryDirectory() as d:
         build_raw(d, BuilderConfig(rows=rows, seed=seed, fmt="parquet", source="train"))
-        return pii_eval.load_builder(Path(d))
+        return load_builder(Path(d))
 
 
 def examples(samples: list[pii_eval.Sample], kind: str):

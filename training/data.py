@@ -10,7 +10,6 @@ batch rather than to ``max_length`` roughly halves the compute on short banking 
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,7 +20,7 @@ import torch
 from tokenizers import Tokenizer
 from torch.utils.data import Dataset
 
-from textnorm import normalize_label
+from textnorm import LabelSetError, load_label_set
 
 REQUIRED_COLUMNS = ("record_id", "text", "label", "weight", "split")
 SPLITS = ("train", "val", "test")
@@ -69,19 +68,12 @@ def pad_token_id(tok: Tokenizer) -> int:
 
 
 def load_labels(path: str | Path) -> list[str]:
-    """The class list, canonicalized and sorted exactly like ``jobs/spark/clean.py:load_labels``.
-
-    The clean stage wrote the curated labels in this canonical form, so using the same rule
-    is what makes every label in the data findable in the list (Banking77 spells one class
-    ``Refund_not_showing_up``)."""
-    path = Path(path)
+    """The class list (``textnorm.load_label_set``, the one rule every stage uses), with at
+    least two classes."""
     try:
-        raw = json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError) as exc:
-        raise TrainingDataError(f"{path}: cannot read the label set: {exc}") from exc
-    if not isinstance(raw, list) or not raw or not all(isinstance(x, str) for x in raw):
-        raise TrainingDataError(f"{path}: the label set must be a non-empty JSON list of strings")
-    labels = sorted({normalize_label(x) for x in raw} - {None})
+        labels = load_label_set(path)
+    except LabelSetError as exc:
+        raise TrainingDataError(str(exc)) from exc
     if len(labels) < 2:
         raise TrainingDataError(f"{path}: the label set needs at least two classes, has {labels}")
     return labels

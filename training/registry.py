@@ -11,10 +11,9 @@
   concurrent writers can collide. Registrations hold an exclusive file lock (one host;
   the DAG additionally runs the task in an Airflow pool of size 1, which covers workers
   on several hosts).
-* **Alias history.** Every alias move is recorded as a registered-model tag
-  ``intentops.alias_history.<ms timestamp>`` = JSON {alias, version, previous, reason,
-  at}, so anyone can see which version was champion when (MLflow keeps only the current
-  alias target).
+* **Alias history.** Every alias move goes through ``core.tracking.move_alias``, which
+  records it as a registered-model tag (see there), so anyone can see which version was
+  champion when (MLflow keeps only the current alias target).
 """
 
 from __future__ import annotations
@@ -28,8 +27,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from core.tracking import HISTORY_PREFIX, alias_history, move_alias  # noqa: F401  (re-exported)
+
 FINGERPRINT_TAG = "intentops.run_fingerprint"
-HISTORY_PREFIX = "intentops.alias_history."
 REGISTRATION_TAG = "intentops.registration"
 REASON_TAG = "intentops.registration_reason"
 LABELS_TAG = "intentops.labels_sha256"
@@ -116,29 +116,6 @@ def find_version(client, name: str, fingerprint: str):
         if v.tags.get(FINGERPRINT_TAG) == fingerprint:
             return v
     return None
-
-
-def move_alias(client, name: str, alias: str, version: str, reason: str) -> None:
-    """Point ``alias`` at ``version`` and record the move in the model's tag history."""
-    from mlflow.exceptions import MlflowException
-
-    try:
-        previous = str(client.get_model_version_by_alias(name, alias).version)
-    except MlflowException:
-        previous = None
-    if previous == str(version):
-        return
-    client.set_registered_model_alias(name, alias, str(version))
-    now = time.time()
-    entry = {"alias": alias, "version": str(version), "previous": previous, "reason": reason,
-             "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(now))}
-    client.set_registered_model_tag(name, f"{HISTORY_PREFIX}{int(now * 1000)}", json.dumps(entry))
-
-
-def alias_history(client, name: str) -> list[dict[str, Any]]:
-    rm = client.get_registered_model(name)
-    items = sorted((k, v) for k, v in rm.tags.items() if k.startswith(HISTORY_PREFIX))
-    return [json.loads(v) for _, v in items]
 
 
 def _wait_ready(client, name: str, version: str, timeout: float = 120.0):

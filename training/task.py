@@ -1,16 +1,12 @@
-"""The training and registration stages as the DAG runs them.
+"""The training stage as the DAG runs it (registration is ``training.register_stage``).
 
-``train``: resolves the curated split of the run's label-QA output, creates (or finds
+``run``: resolves the curated split of the run's label-QA output, creates (or finds
 again, by the stage key) the MLflow run with the lineage tags, and launches
 ``torchrun ... -m training.train`` as a real process group. Checkpoints live in a work
 folder keyed like the stage (``<lake>/train/.work-<key>``) that survives failed attempts,
 so a ``torchrun --max-restarts`` restart or an Airflow retry resumes instead of starting
 over. When the group finishes, the model is logged to the run (pyfunc, with signature
 and input example) and the outputs are published as the stage's output.
-
-``register``: behavioural checks on the test split, then the registry gate
-(``training.registry``). Published as a stage keyed by the training output, so a rerun
-for the same training run returns the same decision and never adds a version.
 """
 
 from __future__ import annotations
@@ -25,23 +21,17 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from core import stage, tracking
+from core import stage, stages, tracking
 from core.config import PROJECT_ROOT, PipelineConfig
 
 log = logging.getLogger(__name__)
-TRAIN, REGISTER = "train", "register"
-TRAINING_SOURCES = ("train.py", "data.py", "models.py", "checkpoint.py", "predictor.py", "task.py")
-
-
-def _code() -> str:
-    here = Path(__file__).parent
-    return stage.code_version([here / f for f in TRAINING_SOURCES] + [tracking, stage])
+TRAIN = "train"
 
 
 def _lineage(cfg: PipelineConfig, run_id: str) -> dict[str, str]:
     """Tags pointing back to every upstream stage output and the data-quality record."""
     tags = {"intentops.pipeline_run_id": run_id}
-    for name in ("clean", "dedup", "desensitize", "validate", "labelqa"):
+    for name in stages.ancestors(TRAIN):
         with contextlib.suppress(stage.StageError):
             tags[f"intentops.data.{name}_key"] = stage.upstream(cfg.lake, run_id, name).manifest["key"]
     qa = stage.upstream(cfg.lake, run_id, "labelqa")
@@ -95,20 +85,15 @@ def _log_model(cfg: PipelineConfig, mlflow_run_id: str, model_dir: Path) -> str:
     return info.model_uri
 
 
-def train(cfg: PipelineConfig, run_id: str) -> stage.StageResult:
-    from training.train import TrainConfig
-
+def run(cfg: PipelineConfig, run_id: str) -> stage.StageResult:
     qa = stage.upstream(cfg.lake, run_id, "labelqa")
-    try:
-        hp = TrainConfig(**cfg.training.hparams)
-    except Exception as exc:  # pydantic's message names the bad key
-        raise stage.StageError(f"training.hparams: {exc}") from exc
+    hp = cfg.training.hparams  # validated with the config, before any stage ran
     labels_file = cfg.resolve_path(cfg.clean.labels_file)
     t = cfg.training
     inputs = {"labelqa": {"key": qa.manifest["key"]}}
     stage_cfg = {"hparams": hp.model_dump(), "nproc_per_node": t.nproc_per_node, "nnodes": t.nnodes,
                  "labels": Path(labels_file).read_text()}
-    code = _code()
+    code = stages.code_version(TRAIN)
     key = stage.stage_key(TRAIN, inputs, stage_cfg, code)
     work_dir = cfg.lake / TRAIN / f".work-{key}"
 
@@ -158,43 +143,7 @@ def train(cfg: PipelineConfig, run_id: str) -> stage.StageResult:
     return result
 
 
-def register(cfg: PipelineConfig, run_id: str) -> stage.StageResult:
-    import pandas as pd
-
-    from training import behaviour, registry
-    from training.predictor import Predictor
-
-    tr = stage.upstream(cfg.lake, run_id, TRAIN)
-    qa = stage.upstream(cfg.lake, run_id, "labelqa")
-    t = cfg.training
-    inputs = {"train": {"key": tr.manifest["key"]}}
-    stage_cfg = {"model": t.registered_model, "metric": t.metric, "margin": t.margin,
-                 "min_invariance": t.min_invariance, "min_functionality": t.min_functionality,
-                 "behaviour_sample": t.behaviour_sample}
-    code = stage.code_version([Path(__file__), registry, behaviour, stage])
-
-    def work(out: Path) -> dict[str, Any]:
-        stats = tr.manifest["stats"]
-        predictor = Predictor(Path(tr.path) / "model")
-        cur = pd.read_parquet(Path(qa.path) / "curated", columns=["text", "split"])
-        test = cur[cur.split == "test"].text
-        sample = test.sample(min(len(test), t.behaviour_sample), random_state=0).tolist()
-        checks = behaviour.run_checks(predictor.labels_of, sample, predictor.labels,
-                                      t.min_invariance, t.min_functionality)
-        (out / "behaviour.json").write_text(json.dumps(checks, indent=2))
-        client = tracking.mlflow_client(cfg)
-        rid = stats["mlflow_run_id"]
-        for c in checks["checks"]:
-            client.log_metric(rid, f"check_{c['name']}", c["rate"])
-        client.log_artifact(rid, str(out / "behaviour.json"))
-        metrics = {k: stats[k] for k in ("test_accuracy", "test_macro_f1") if stats.get(k) is not None}
-        decision = registry.register_if_better(
-            client, t.registered_model, stats["model_uri"], rid,
-            fingerprint=f"{tr.manifest['key']}:{rid}", metrics=metrics, checks=checks,
-            metric=t.metric, margin=t.margin, lock_path=cfg.lake / ".registry.lock",
-            labels=predictor.labels)
-        (out / "decision.json").write_text(json.dumps(decision, indent=2))
-        log.info("registration: %s", decision["reason"])
-        return {"rows_in": None, "kept": None, **decision, "checks_passed": checks["passed"]}
-
-    return stage.run_stage(REGISTER, cfg.lake, inputs, stage_cfg, code, work, run_id)
+def check(cfg: PipelineConfig, result: stage.StageResult) -> str:
+    s = result.manifest["stats"]
+    return (f"test accuracy {s.get('test_accuracy')}, MLflow run {s.get('mlflow_run_id')}, "
+            f"model {s.get('model_uri')}")

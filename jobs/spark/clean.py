@@ -11,7 +11,6 @@ or:           intentops clean --set input.path=data.csv
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -20,7 +19,7 @@ if __package__ in (None, ""):  # run as a file by spark-submit
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 import textnorm
-from core import stage
+from core import stage, stages
 from core.config import CleanConfig, PipelineConfig
 from jobs.spark import common
 
@@ -251,16 +250,8 @@ def quarantine_view(flagged: DataFrame) -> DataFrame:
 
 
 def load_labels(cfg: PipelineConfig) -> list[str]:
-    path = cfg.resolve_path(cfg.clean.labels_file)
-    try:
-        labels = json.loads(Path(path).read_text())
-    except (OSError, json.JSONDecodeError) as exc:
-        raise stage.StageError(f"{path}: cannot read the label set: {exc}") from exc
-    if not isinstance(labels, list) or not labels or not all(isinstance(x, str) for x in labels):
-        raise stage.StageError(f"{path}: the label set must be a non-empty JSON list of strings")
-    # The label set is canonicalized like the labels themselves: Banking77 itself spells one
-    # class "Refund_not_showing_up", which would otherwise never match its own messages.
-    return sorted({textnorm.normalize_label(x) for x in labels} - {None})
+    """The configured label set (``clean.labels_file``); a bad file is a StageError."""
+    return textnorm.load_label_set(cfg.resolve_path(cfg.clean.labels_file))
 
 
 def run(cfg: PipelineConfig, run_id: str | None = None, spark: SparkSession | None = None):
@@ -317,13 +308,7 @@ def run(cfg: PipelineConfig, run_id: str | None = None, spark: SparkSession | No
             "input_path": str(src),
         }
 
-    return stage.run_stage(STAGE, cfg.lake, inputs, stage_cfg, _code_version(), work, run_id)
-
-
-def _code_version() -> str:
-    from core import config as config_mod
-
-    return stage.code_version([Path(__file__), common, textnorm, stage, config_mod])
+    return stage.run_stage(STAGE, cfg.lake, inputs, stage_cfg, stages.code_version(STAGE), work, run_id)
 
 
 def main(argv: list[str] | None = None) -> None:

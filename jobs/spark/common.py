@@ -13,9 +13,9 @@ import json
 import logging
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-from core.config import PipelineConfig, load_config
+from core.config import PipelineConfig
 from core.stage import StageError
 
 if TYPE_CHECKING:
@@ -252,21 +252,9 @@ def job_args(description: str, argv: list[str] | None = None) -> argparse.Namesp
 
 
 def config_from_args(args: argparse.Namespace) -> PipelineConfig:
-    import yaml
+    from core.runs import config_from_args as resolve
 
-    overrides: dict[str, Any] = {}
-    if args.resolved_config:
-        from core.runs import load_run_config
-
-        if not args.set:
-            return load_run_config(args.resolved_config)
-        overrides = load_run_config(args.resolved_config).model_dump()
-    for item in args.set:
-        key, sep, value = item.partition("=")
-        if not sep:
-            raise StageError(f"--set expects KEY=VALUE, got {item!r}")
-        overrides[key] = yaml.safe_load(value)
-    return load_config(args.config, overrides)
+    return resolve(args)
 
 
 def run_main(fn, description: str, argv: list[str] | None = None) -> None:

@@ -20,14 +20,14 @@ from __future__ import annotations
 
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if __package__ in (None, ""):  # run as a file by spark-submit
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-import textnorm
-from core import stage
+from core import stage, stages
 from core.config import DedupConfig, PipelineConfig
 from jobs.spark import common
 
@@ -278,43 +278,80 @@ def components(edges: list[tuple[int, int]]) -> dict[int, int]:
     return dict(zip(nodes.tolist(), smallest[labels].tolist(), strict=True))
 
 
-def dedup_frames(spark: SparkSession, kept: DataFrame, cfg: DedupConfig) -> dict[str, Any]:
-    """Run both passes over the clean stage's kept rows.
+@dataclass(frozen=True)
+class DedupResult:
+    """What ``dedup_frames`` returns.
 
-    Returns the three output frames and the pass statistics.
+    ``kept``, ``merged`` and ``clusters`` are the stage's output frames, ``stats`` the pass
+    statistics, ``persisted`` the frames cached on the way: the outputs read them, so the
+    caller unpersists them (``unpersist()``) only once the outputs are written.
     """
+
+    kept: DataFrame
+    merged: DataFrame
+    clusters: DataFrame
+    stats: dict[str, Any]
+    persisted: list[DataFrame]
+
+    def outputs(self) -> dict[str, DataFrame]:
+        """The output frames by folder name: ``kept``, ``merged``, ``clusters``."""
+        return {"kept": self.kept, "merged": self.merged, "clusters": self.clusters}
+
+    def unpersist(self) -> None:
+        """Release every frame ``dedup_frames`` persisted."""
+        for df in self.persisted:
+            df.unpersist()
+
+
+class _Laps:
+    """Wall time per phase: ``lap(name)`` records the seconds since the previous lap."""
+
+    def __init__(self) -> None:
+        self.timings: dict[str, float] = {}
+        self._clock = time.perf_counter()
+
+    def lap(self, phase: str) -> None:
+        now = time.perf_counter()
+        self.timings[phase] = round(now - self._clock, 2)
+        self._clock = now
+
+
+def _persist(df: DataFrame) -> DataFrame:
     from pyspark import StorageLevel
-    from pyspark.sql import Window
+
+    return df.persist(StorageLevel.MEMORY_AND_DISK)
+
+
+def exact_pass(
+    spark: SparkSession, kept: DataFrame
+) -> tuple[DataFrame, DataFrame, list[DataFrame]]:
+    """Exact duplicates on the normalized key.
+
+    Takes the clean stage's kept rows. Returns ``(rows, survivors, persisted)``: ``rows`` is
+    every row's narrow columns (``record_id``, ``created_at``, ``label``, ``key``) with
+    ``esurv``, the earliest row holding its key; ``survivors`` the rows that are their own
+    ``esurv`` (``record_id``, ``key``, ``created_at``) numbered by ``doc``; ``persisted``
+    the frames this pass cached, ``survivors`` last.
+    """
     from pyspark.sql import functions as F
 
-    timings: dict[str, float] = {}
-    clock = time.perf_counter()
-
-    def lap(phase: str) -> None:
-        nonlocal clock
-        now = time.perf_counter()
-        timings[phase] = round(now - clock, 2)
-        clock = now
-
-    order = [F.col("created_at").asc_nulls_last(), F.col("record_id")]
     # Only the narrow columns the passes need are cached. The full rows (text, annotations)
     # are read again at the end and joined with the small map of merged rows: no cache of
     # whole rows is built and no whole row is shuffled.
-    keyed = kept.select(
-        "record_id", "created_at", "label", dedup_key_col(F.col("text")).alias("key")
-    ).persist(StorageLevel.MEMORY_AND_DISK)
-    # Exact duplicates: the keys held by more than one row, each with its earliest row (the
-    # struct orders like ``order``). Only keys and sort fields are shuffled, and the repeated
-    # keys, usually few, are joined back by broadcast: no row is shuffled with its text.
+    keyed = _persist(
+        kept.select("record_id", "created_at", "label", dedup_key_col(F.col("text")).alias("key"))
+    )
+    # The keys held by more than one row, each with its earliest row (the struct orders as
+    # the window of ``near_survivors`` does: dated first, then ``created_at``, then
+    # ``record_id``). Only keys and sort fields are shuffled, and the repeated keys, usually
+    # few, are joined back by broadcast: no row is shuffled with its text.
     earliest = F.min(F.struct(F.col("created_at").isNull(), "created_at", "record_id"))
-    repeated = (
+    repeated = _persist(
         keyed.groupBy("key")
         .agg(F.count("*").alias("n"), earliest.alias("first"))
         .where(F.col("n") > 1)
         .select("key", F.col("first.record_id").alias("first_id"))
-        .persist(StorageLevel.MEMORY_AND_DISK)
     )
-    cached = [keyed, repeated]
     rows = (
         keyed.join(common.broadcast_if_small(repeated), "key", "left")
         .withColumn("esurv", F.coalesce("first_id", "record_id"))
@@ -323,30 +360,35 @@ def dedup_frames(spark: SparkSession, kept: DataFrame, cfg: DedupConfig) -> dict
     # Evenly sized partitions, a multiple of the cores, for the MinHash UDF and the LSH
     # stages after it, whatever parts the input came in (one file for a small input; 3
     # parts on 2 cores left one core idle a third of each stage). Only narrow columns move.
-    exact_survivors = (
+    survivors = _persist(
         rows.where(F.col("record_id") == F.col("esurv"))
         .select("record_id", "key", "created_at")
         .repartition(2 * spark.sparkContext.defaultParallelism)
         .withColumn("doc", F.monotonically_increasing_id())
-        .persist(StorageLevel.MEMORY_AND_DISK)
     )
-    n_exact_survivors = exact_survivors.count()
-    lap("exact_s")
-    mh = (
+    return rows, survivors, [keyed, repeated, survivors]
+
+
+def minhash_signatures(
+    spark: SparkSession, exact_survivors: DataFrame, cfg: DedupConfig
+) -> DataFrame:
+    """MinHash signatures and LSH band keys of the exact survivors' keys.
+
+    Takes the exact survivors (``doc``, ``key``). Returns their ``MH_SCHEMA`` rows, persisted
+    (not yet computed) and hash-partitioned by ``doc``.
+    """
+    return _persist(
         exact_survivors.select("doc", "key")
         .mapInArrow(minhash_fn(cfg), MH_SCHEMA)
         # Cached hash-partitioned by doc, as both joins of verified_edges need it: one
         # shuffle of the shingle arrays here instead of one in each join.
         .repartition(int(spark.conf.get("spark.sql.shuffle.partitions")), "doc")
-        .persist(StorageLevel.MEMORY_AND_DISK)
     )
-    mh.count()
-    lap("minhash_s")
-    pairs = candidate_pairs(mh, cfg.max_bucket_pairs, cfg.min_band_hits, cfg.threshold).persist(
-        StorageLevel.MEMORY_AND_DISK
-    )
-    n_pairs = pairs.count()
-    lap("candidates_s")
+
+
+def collect_near_edges(pairs: DataFrame, mh: DataFrame, cfg: DedupConfig) -> list[tuple[int, int]]:
+    """The candidate pairs that pass ``verified_edges``, collected to the driver as
+    ``(doc, doc)`` tuples. Raises ``StageError`` above ``cfg.max_driver_edges``."""
     edges_df = verified_edges(pairs, mh, cfg.threshold)
     edges = [(r["a"], r["b"]) for r in edges_df.select("a", "b").collect()]
     if len(edges) > cfg.max_driver_edges:
@@ -354,20 +396,44 @@ def dedup_frames(spark: SparkSession, kept: DataFrame, cfg: DedupConfig) -> dict
             f"{len(edges)} near-duplicate edges exceed dedup.max_driver_edges="
             f"{cfg.max_driver_edges}; raise the threshold or the limit"
         )
-    lap("verify_s")
+    return edges
+
+
+def near_survivors(
+    spark: SparkSession, exact_survivors: DataFrame, edges: list[tuple[int, int]]
+) -> DataFrame:
+    """Survivor of each near cluster: the earliest of its exact survivors.
+
+    Takes the exact survivors (with ``doc``) and the verified edges. Returns ``esurv`` ->
+    ``survivor_id`` for the exact survivors on an edge (none of them persisted).
+    """
+    from pyspark.sql import Window
+    from pyspark.sql import functions as F
+
     comp = components(edges)
     comp_df = spark.createDataFrame(list(comp.items()) or [(-1, -1)], "doc long, comp long")
-    # Survivor of a near cluster: the earliest of its exact survivors. Only exact survivors
-    # on a verified edge change survivor, and they are as few as the components the driver
-    # holds: a broadcast map, so the rows are never shuffled to apply it.
-    by_comp = Window.partitionBy("comp").orderBy(*order)
-    near = (
+    # Only exact survivors on a verified edge change survivor, and they are as few as the
+    # components the driver holds: a broadcast map, so the rows are never shuffled to apply it.
+    by_comp = Window.partitionBy("comp").orderBy(
+        F.col("created_at").asc_nulls_last(), F.col("record_id")
+    )
+    return (
         exact_survivors.join(F.broadcast(comp_df), "doc")
         .withColumn("survivor_id", F.first("record_id").over(by_comp))
         .select(F.col("record_id").alias("esurv"), "survivor_id")
     )
-    # The merged rows only (most rows survive): record -> survivor and match type.
-    merged_map = (
+
+
+def merged_rows(rows: DataFrame, near: DataFrame) -> DataFrame:
+    """The merged rows only (most rows survive), persisted.
+
+    Takes every row with its exact survivor (``exact_pass``) and the near survivors
+    (``near_survivors``). Returns ``record_id``, ``survivor_id``, ``match_type`` (``exact``
+    or ``near``) and ``label`` of each row that is not its own final survivor.
+    """
+    from pyspark.sql import functions as F
+
+    return _persist(
         rows.join(F.broadcast(near), "esurv", "left")
         .withColumn("survivor_id", F.coalesce("survivor_id", "esurv"))
         .where(F.col("record_id") != F.col("survivor_id"))
@@ -376,11 +442,17 @@ def dedup_frames(spark: SparkSession, kept: DataFrame, cfg: DedupConfig) -> dict
             F.when(F.col("esurv") == F.col("survivor_id"), "exact").otherwise("near"),
         )
         .select("record_id", "survivor_id", "match_type", "label")
-        .persist(StorageLevel.MEMORY_AND_DISK)
     )
-    # Cluster statistics from the merged rows (a survivor adds itself and its label); most
-    # survivors have no copy and need no join.
-    members = (
+
+
+def cluster_members(merged_map: DataFrame) -> DataFrame:
+    """Per survivor with copies, persisted: ``record_id`` (the survivor), ``n_merged``,
+    ``n_exact``, ``n_near`` and ``merged_labels`` (the set of its merged rows' labels).
+
+    Takes ``merged_rows``' output; survivors without copies get no row."""
+    from pyspark.sql import functions as F
+
+    return _persist(
         merged_map.groupBy("survivor_id")
         .agg(
             F.count("*").alias("n_merged"),
@@ -389,12 +461,25 @@ def dedup_frames(spark: SparkSession, kept: DataFrame, cfg: DedupConfig) -> dict
             F.collect_set("label").alias("merged_labels"),
         )
         .withColumnRenamed("survivor_id", "record_id")
-        .persist(StorageLevel.MEMORY_AND_DISK)
     )
-    cached += [exact_survivors, mh, pairs, merged_map, members]
+
+
+def assemble_outputs(
+    kept: DataFrame, merged_map: DataFrame, members: DataFrame
+) -> tuple[DataFrame, DataFrame, DataFrame]:
+    """The stage's three outputs, label conflicts flagged.
+
+    Takes the input rows, ``merged_rows`` and ``cluster_members``. Returns ``(kept, merged,
+    clusters)``: the survivors, whole, with ``cluster_size``, ``cluster_labels`` and
+    ``label_conflict``; the merged rows, whole, with ``survivor_id`` and ``match_type``; one
+    row per cluster of two or more.
+    """
+    from pyspark.sql import functions as F
+
     merged_ids = common.broadcast_if_small(merged_map.drop("label"))
     members = common.broadcast_if_small(members)
     base_cols = list(kept.columns)
+    # A survivor adds itself and its label to its merged rows' statistics.
     cluster_labels = F.array_sort(
         F.array_union(
             F.array_compact(F.array("label")),
@@ -418,19 +503,42 @@ def dedup_frames(spark: SparkSession, kept: DataFrame, cfg: DedupConfig) -> dict
         "cluster_labels",
         "label_conflict",
     )
-    merged = kept.join(merged_ids, "record_id").select(*base_cols, "survivor_id", "match_type")
-    return {
-        "kept": survivors.select(*base_cols, "cluster_size", "cluster_labels", "label_conflict"),
-        "merged": merged,
-        "clusters": clusters.where(F.col("cluster_size") > 1),
-        "stats": {
-            "exact_survivors": n_exact_survivors,
-            "candidate_pairs": n_pairs,
-            "near_edges": len(edges),
-            "timings": timings,
-        },
-        "_persisted": cached,
+    return (
+        survivors.select(*base_cols, "cluster_size", "cluster_labels", "label_conflict"),
+        kept.join(merged_ids, "record_id").select(*base_cols, "survivor_id", "match_type"),
+        clusters.where(F.col("cluster_size") > 1),
+    )
+
+
+def dedup_frames(spark: SparkSession, kept: DataFrame, cfg: DedupConfig) -> DedupResult:
+    """Run both passes over the clean stage's kept rows.
+
+    Returns the three output frames, the pass statistics and the frames persisted on the
+    way, which the caller unpersists after writing the outputs (``DedupResult.unpersist``).
+    """
+    laps = _Laps()
+    rows, exact_survivors, persisted = exact_pass(spark, kept)
+    n_exact_survivors = exact_survivors.count()
+    laps.lap("exact_s")
+    mh = minhash_signatures(spark, exact_survivors, cfg)
+    mh.count()
+    laps.lap("minhash_s")
+    pairs = _persist(candidate_pairs(mh, cfg.max_bucket_pairs, cfg.min_band_hits, cfg.threshold))
+    n_pairs = pairs.count()
+    laps.lap("candidates_s")
+    edges = collect_near_edges(pairs, mh, cfg)
+    laps.lap("verify_s")
+    merged_map = merged_rows(rows, near_survivors(spark, exact_survivors, edges))
+    members = cluster_members(merged_map)
+    persisted += [mh, pairs, merged_map, members]
+    out_kept, out_merged, out_clusters = assemble_outputs(kept, merged_map, members)
+    stats = {
+        "exact_survivors": n_exact_survivors,
+        "candidate_pairs": n_pairs,
+        "near_edges": len(edges),
+        "timings": laps.timings,
     }
+    return DedupResult(out_kept, out_merged, out_clusters, stats, persisted)
 
 
 def run(
@@ -452,8 +560,8 @@ def run(
         kept = session.read.parquet(str(src / "kept"))
         res = dedup_frames(session, kept, cfg.dedup)
         try:
-            for name in ("kept", "merged", "clusters"):
-                res[name].write.parquet(str(out / name))
+            for name, df in res.outputs().items():
+                df.write.parquet(str(out / name))
             counts = {
                 r["match_type"]: r["count"]
                 for r in session.read.parquet(str(out / "merged"))
@@ -466,8 +574,7 @@ def run(
             n_conflict = clusters.where(F.col("label_conflict")).count()
             n_kept = session.read.parquet(str(out / "kept")).count()
         finally:
-            for df in res["_persisted"]:
-                df.unpersist()
+            res.unpersist()
         rows_in = upstream_manifest["stats"]["kept"]
         merged = counts.get("exact", 0) + counts.get("near", 0)
         if n_kept + merged != rows_in:
@@ -479,16 +586,12 @@ def run(
             "merged_near": counts.get("near", 0),
             "clusters": n_clusters,
             "label_conflict_clusters": n_conflict,
-            **res["stats"],
+            **res.stats,
         }
 
     return stage.run_stage(
-        STAGE, cfg.lake, inputs, {"dedup": cfg.dedup.model_dump()}, _code_version(), work, run_id
+        STAGE, cfg.lake, inputs, {"dedup": cfg.dedup.model_dump()}, stages.code_version(STAGE), work, run_id
     )
-
-
-def _code_version() -> str:
-    return stage.code_version([Path(__file__), common, textnorm, stage])
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any
 if __package__ in (None, ""):  # run as a file by spark-submit
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from core import stage
+from core import stage, stages
 from core.config import DesensitizeConfig, PipelineConfig
 from jobs.spark import common
 from pii import detector as pii
@@ -183,18 +183,7 @@ def run(cfg: PipelineConfig, run_id: str, spark=None, dedup_output: str | None =
             "mode": cfg.desensitize.mode,
         }
 
-    return stage.run_stage(STAGE, cfg.lake, inputs, stage_cfg, _code_version(), work, run_id)
-
-
-def _code_version() -> str:
-    # The detector is pii and what it imports, and its shipped table and weights: a new
-    # model is new output, never a cache hit on text the old one masked.
-    from pii import checksums
-    from pii import model as pii_model
-    from pii import phones as pii_phones
-
-    return stage.code_version([Path(__file__), common, pii, pii_model, pii_phones, checksums,
-                               pii_model.TABLE, pii_model.MODEL, stage])
+    return stage.run_stage(STAGE, cfg.lake, inputs, stage_cfg, stages.code_version(STAGE), work, run_id)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -1,0 +1,45 @@
+"""Optimizer pieces of the training loop: the warm-up/linear-decay LR schedule, the
+weight-decay parameter groups, and the autocast context of the chosen precision."""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any
+
+import torch
+from torch import nn
+
+from training.distributed import DistContext
+
+
+class WarmupLinearDecay:
+    """LR multiplier: linear from 0 to 1 over ``warmup`` steps, then linear to 0 at ``total``.
+
+    A class rather than a closure so ``LambdaLR.state_dict`` stores its two numbers and a
+    resumed scheduler demonstrably uses the same schedule."""
+
+    def __init__(self, warmup: int, total: int) -> None:
+        self.warmup = warmup
+        self.total = total
+
+    def __call__(self, step: int) -> float:
+        if self.warmup and step < self.warmup:
+            return (step + 1) / (self.warmup + 1)
+        span = max(1, self.total - self.warmup)
+        return max(0.0, (self.total - step) / span)
+
+
+def param_groups(model: nn.Module, weight_decay: float) -> list[dict[str, Any]]:
+    """Weight decay on weight matrices only: decaying biases and LayerNorm gains only
+    pulls them toward zero without regularizing anything."""
+    decay, no_decay = [], []
+    for name, p in model.named_parameters():
+        if not p.requires_grad:
+            continue
+        (no_decay if p.ndim < 2 or "norm" in name.lower() else decay).append(p)
+    return [{"params": decay, "weight_decay": weight_decay},
+            {"params": no_decay, "weight_decay": 0.0}]
+
+
+def autocast(ctx: DistContext, precision: str) -> contextlib.AbstractContextManager[Any]:
+    return torch.autocast(ctx.device.type, dtype=torch.bfloat16, enabled=precision == "bf16")

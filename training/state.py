@@ -1,0 +1,157 @@
+"""A training run's state and its checkpoints: ``Run`` (what set-up builds for one process
+and the loop works with), ``RunState`` (the counters and early-stopping state every
+checkpoint carries), ``save_checkpoint`` and ``resume``.
+
+A checkpoint holds model, optimizer and scheduler state, every rank's RNG state, the
+``RunState`` and the run's identity (``checkpoint.load`` refuses one whose identity differs
+from the current run's). Rank 0 writes; all ranks resume from the same file.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, DistributedSampler
+
+from training import checkpoint as ckpt
+from training.config import TrainConfig
+from training.data import EncodedDataset, PadCollate
+from training.distributed import DistContext, all_gather, barrier
+from training.mlflow_log import Tracker
+from training.outputs import trim_history
+
+log = logging.getLogger("intentops.training")
+
+
+@dataclass
+class RunState:
+    """Counters and early-stopping state that go into every checkpoint."""
+
+    global_step: int = 0
+    epoch: int = 0
+    batch_in_epoch: int = 0
+    epochs_completed: int = 0
+    best_metric: float | None = None
+    best_epoch: int | None = None
+    bad_evals: int = 0
+    stopped: bool = False
+    stop_reason: str | None = None
+    val_history: list[dict[str, Any]] = field(default_factory=list)
+    train_seconds: float = 0.0
+    train_samples: int = 0
+    wall_seconds: float = 0.0
+    wall_seconds_before: float = 0.0
+    resumed_from_steps: list[int] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+
+@dataclass
+class Run:
+    """What set-up builds for one process, which the loop and the finish work with."""
+
+    cfg: TrainConfig
+    ctx: DistContext
+    out: Path
+    started: float  # time.monotonic() when this attempt began
+    labels: list[str]
+    ds: dict[str, EncodedDataset]
+    collate: PadCollate
+    model: nn.Module  # the bare model: state dicts, evaluation
+    ddp: nn.Module  # what the training forward pass goes through (DDP at world size > 1)
+    spec: dict[str, Any]
+    sampler: DistributedSampler
+    optimizer: torch.optim.Optimizer
+    scheduler: torch.optim.lr_scheduler.LambdaLR
+    micro_per_epoch: int  # micro-batches per epoch on each rank
+    steps_per_epoch: int  # optimizer steps per epoch
+    total_steps: int
+    identity: dict[str, Any]  # what a checkpoint must agree with to be resumed
+    fingerprint: str
+    resolved: dict[str, Any]  # the config as run: config.json, the MLflow params
+    state: RunState = field(default_factory=RunState)
+    tracker: Tracker | None = None  # rank 0 with --mlflow-run-id only
+
+    @property
+    def ckpt_dir(self) -> Path:
+        return self.out / "checkpoints"
+
+    def wall(self) -> float:
+        """Wall time over all attempts: what earlier ones had checkpointed plus this one."""
+        return self.state.wall_seconds_before + (time.monotonic() - self.started)
+
+    def batches(self, epoch: int, skip: int) -> Iterator[Any]:
+        """This rank's train batches of ``epoch``, the first ``skip`` left out (a resume)."""
+        self.sampler.set_epoch(epoch)
+        order = list(self.sampler)[skip * self.cfg.batch_size:]
+        # A private generator: a DataLoader iterator otherwise draws its base seed from the
+        # global torch RNG, which would shift every dropout mask after a resume.
+        return iter(DataLoader(self.ds["train"], batch_size=self.cfg.batch_size, sampler=order,
+                               collate_fn=self.collate, generator=torch.Generator()))
+
+    def log_metrics(self, step: int, **values: float) -> None:
+        """Buffer MLflow metrics (flushed at the next checkpoint); a no-op without a tracker."""
+        if self.tracker is not None:
+            for key, value in values.items():
+                self.tracker.metric(key, value, step)
+
+
+def save_checkpoint(run: Run) -> None:
+    """All ranks hand their RNG state to rank 0, which writes; the others wait."""
+    rng = all_gather(run.ctx, ckpt.capture_rng())
+    if run.ctx.is_main:
+        if run.tracker is not None:
+            run.tracker.flush()
+        run.state.wall_seconds = run.wall()
+        ckpt.save(run.ckpt_dir, {
+            "model": run.model.state_dict(),
+            "optimizer": run.optimizer.state_dict(),
+            "scheduler": run.scheduler.state_dict(),
+            "rng": rng,
+            "state": run.state.to_dict(),
+            "global_step": run.state.global_step,
+            "config": run.identity,
+            "config_fingerprint": run.fingerprint,
+        })
+    barrier(run.ctx)
+
+
+def resume(run: Run) -> None:
+    """Continue from the newest complete checkpoint in ``OUT/checkpoints``, if there is one:
+    model, optimizer, scheduler, this rank's RNG and the ``RunState``; ``history.jsonl``
+    loses the lines of the steps about to be redone. Without one, a fresh start."""
+    ctx = run.ctx
+    if ctx.is_main:
+        n = ckpt.remove_stale_temps(run.ckpt_dir)
+        if n:
+            log.info("removed %d temp file(s) of an interrupted checkpoint write", n)
+    barrier(ctx)
+    path = ckpt.latest(run.ckpt_dir)
+    if path is None:
+        if ctx.is_main:
+            log.info("fresh start: %d train rows, world size %d, %d step(s) per epoch, "
+                     "%d step(s) in all", len(run.ds["train"]), ctx.world_size,
+                     run.steps_per_epoch, run.total_steps)
+            (run.out / "history.jsonl").unlink(missing_ok=True)
+        return
+    data = ckpt.load(path, run.identity)
+    run.model.load_state_dict(data["model"])
+    run.optimizer.load_state_dict(data["optimizer"])
+    run.scheduler.load_state_dict(data["scheduler"])
+    ckpt.restore_rng(data["rng"][ctx.rank])
+    st = run.state = RunState(**data["state"])
+    st.wall_seconds_before = st.wall_seconds
+    st.resumed_from_steps.append(st.global_step)
+    if ctx.is_main:
+        trim_history(run.out / "history.jsonl", st.global_step)
+        log.info("resuming from checkpoint %s: step %d of %d, epoch %d, batch %d of %d",
+                 path.name, st.global_step, run.total_steps, st.epoch, st.batch_in_epoch,
+                 run.micro_per_epoch)
