@@ -7,6 +7,10 @@ scored against the builder's ground truth.
 
     .venv/bin/python benchmarks/data_stages.py [--rows 1000000] [--out var/bench]
 
+``--baseline DIR`` runs the same stages from another checkout (``git worktree add DIR
+<commit>``) in the same repeats, alternating which goes first, and reports both medians
+and their ratio: how a refactor is shown to cost nothing.
+
 Results go to ``benchmarks/results/data_stages.json``; docs/BENCHMARKS.md quotes them.
 """
 
@@ -69,6 +73,21 @@ def write_results(results: dict, dest: str | Path) -> None:
     print(text)
 
 
+def _same_outputs(a: Path, b: Path) -> bool:
+    """Two stage outputs hold the same rows (every parquet folder, sorted by record)."""
+    import pandas as pd
+
+    folders = sorted(p.name for p in a.iterdir() if p.is_dir() and not p.name.startswith((".", "_")))
+    for sub in folders:
+        x, y = pd.read_parquet(a / sub), pd.read_parquet(b / sub)
+        key = [c for c in ("record_id", "cluster_id") if c in x.columns][:1] or [x.columns[0]]
+        x = x.sort_values(key).reset_index(drop=True).astype(str)
+        y = y.sort_values(key).reset_index(drop=True).astype(str)
+        if list(x.columns) != list(y.columns) or not x.equals(y):
+            return False
+    return True
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rows", type=int, default=1_000_000)
@@ -79,6 +98,7 @@ def main() -> None:
     ap.add_argument("--stages", nargs="+", default=["clean", "dedup", "desensitize"])
     ap.add_argument("--reuse-raw", action="store_true", help="skip the build if raw.csv exists")
     ap.add_argument("--results", default="benchmarks/results/data_stages.json")
+    ap.add_argument("--baseline", help="another checkout whose jobs run in the same repeats")
     args = ap.parse_args()
 
     out = (ROOT / args.out).resolve()
@@ -106,17 +126,14 @@ def main() -> None:
     import shutil
     import statistics
 
-    runs: list[dict[str, dict]] = []
-    for rep in range(args.repeats):
-        # A fresh lake per repeat: otherwise the second repeat is (correctly) a cache hit.
-        lake_rep = lake / f"rep{rep}"
+    def run_stages(tree: Path, lake_rep: Path, tree_env: dict[str, str]) -> dict[str, dict]:
         shutil.rmtree(lake_rep, ignore_errors=True)
         sets = ["--set", f"input.path={raw_dir / 'raw.csv'}", "--set", f"lake_root={lake_rep}"]
         rep_res: dict[str, dict] = {}
         for name in args.stages:
             cmd = ["spark-submit", "--master", "local[*]", "--driver-memory", args.driver_memory,
-                   str(ROOT / "jobs" / "spark" / f"{name}.py"), *sets, "--run-id", run_id]
-            res = run_measured(cmd, env)
+                   str(tree / "jobs" / "spark" / f"{name}.py"), *sets, "--run-id", run_id]
+            res = run_measured(cmd, tree_env)
             res.pop("stdout")
             pointer = json.loads((lake_rep / "runs" / run_id / f"{name}.json").read_text())
             stats = pointer["manifest"]["stats"]
@@ -127,7 +144,30 @@ def main() -> None:
                 "stats": stats,
                 "path": pointer["path"],
             }
-        runs.append(rep_res)
+        return rep_res
+
+    runs: list[dict[str, dict]] = []
+    base_runs: list[dict[str, dict]] = []
+    base = Path(args.baseline).resolve() if args.baseline else None
+    # The baseline's own modules first on the path (its Spark jobs and their Python workers).
+    base_env = dict(env, PYTHONPATH=str(base)) if base else None
+    for rep in range(args.repeats):
+        # A fresh lake per repeat: otherwise the second repeat is (correctly) a cache hit.
+        order = [("current", ROOT, env), ("baseline", base, base_env)] if base else [("current", ROOT, env)]
+        for which, tree, tree_env in (order if rep % 2 == 0 else order[::-1]):
+            res = run_stages(tree, lake / f"{which}-rep{rep}", tree_env)
+            (runs if which == "current" else base_runs).append(res)
+
+    if base_runs:
+        results["baseline"] = {name: {"wall_s_median": statistics.median(r[name]["wall_s"] for r in base_runs),
+                                      "wall_s_all": [r[name]["wall_s"] for r in base_runs]}
+                               for name in args.stages}
+        results["current_over_baseline"] = {
+            name: round(statistics.median(r[name]["wall_s"] for r in runs)
+                        / results["baseline"][name]["wall_s_median"], 3) for name in args.stages}
+        results["outputs_identical"] = {
+            name: _same_outputs(Path(runs[-1][name]["path"]), Path(base_runs[-1][name]["path"]))
+            for name in args.stages}
 
     for name in args.stages:
         walls = [r[name]["wall_s"] for r in runs]

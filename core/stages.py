@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import importlib
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
 from core import codeversion
@@ -161,21 +161,14 @@ def through(last: str) -> tuple[Stage, ...]:
     return STAGES[: NAMES.index(get(last).name) + 1]
 
 
-@dataclass
-class _Check:
-    """Registry invariants, checked at import (a wrong declaration fails at once)."""
-
-    errors: list[str] = field(default_factory=list)
-
-    def run(self) -> None:
-        for i, s in enumerate(STAGES):
-            for up in s.upstream:
-                if up not in NAMES[:i]:
-                    self.errors.append(f"{s.name}: upstream {up!r} is not an earlier stage")
-        if len(set(NAMES)) != len(NAMES):
-            self.errors.append("duplicate stage names")
-        if self.errors:
-            raise ValueError("; ".join(self.errors))
+def _check_registry() -> None:
+    """Registry invariants, checked at import: a wrong declaration fails at once."""
+    errors = [f"{s.name}: upstream {up!r} is not an earlier stage"
+              for i, s in enumerate(STAGES) for up in s.upstream if up not in NAMES[:i]]
+    if len(set(NAMES)) != len(NAMES):
+        errors.append("duplicate stage names")
+    if errors:
+        raise ValueError("; ".join(errors))
 
 
-_Check().run()
+_check_registry()

@@ -13,7 +13,7 @@ serving read these outputs only, and the report holds no raw value.
 Masking (``desensitize.mode``): typed placeholders (``<EMAIL>``) or keyed pseudonyms
 (``<EMAIL_3f9a1c2b7d>``, HMAC-SHA256 under a key read from the environment variable named
 by ``desensitize.key_env``; the DAG fills it from the Airflow connection
-``intentops_pseudonym``). Detection rules and validators live in ``pii/detector.py``.
+``intentops_pseudonym``). Detection rules, validators and token models live in the ``pii`` package.
 
 Run by hand:  spark-submit jobs/spark/desensitize.py --run-id RUN   (after dedup ran)
 or:           intentops desensitize --run-id RUN
