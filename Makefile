@@ -22,7 +22,7 @@ export SPARK_LOCAL_IP ?= 127.0.0.1
 
 # Run the whole pipeline on the bundled demo data, through Airflow.
 demo: $(VENV)/.installed
-	$(BIN)/intentops build-raw --out var/demo/raw --rows $(ROWS) --seed $(SEED) --format csv --daily
+	$(BIN)/intentops build-raw --out var/demo/raw --rows $(ROWS) --seed $(SEED) --format csv --daily --source train
 	$(BIN)/airflow db migrate > var/airflow-db.log 2>&1 || (cat var/airflow-db.log; exit 1)
 	$(BIN)/airflow pools set intentops_registry 1 "model registry writes, one at a time" > /dev/null
 	$(BIN)/airflow dags test intentops_pipeline \
@@ -54,7 +54,7 @@ lint: $(VENV)/.installed
 # (and the pipeline's deploy task) started.
 up: $(VENV)/.installed
 	@test -d var/demo/raw/daily || $(BIN)/intentops build-raw --out var/demo/raw --rows $(ROWS) \
-	  --seed $(SEED) --format csv --daily > /dev/null
+	  --seed $(SEED) --format csv --daily --source train > /dev/null
 	$(BIN)/intentops up
 
 down: $(VENV)/.installed

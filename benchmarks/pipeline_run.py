@@ -37,7 +37,7 @@ from data_stages import cpu_model, write_results  # noqa: E402
 from core.stage import run_dir  # noqa: E402
 from ops.airflow_api import AirflowApi  # noqa: E402
 
-MODEL = "intentops-intent-classifier"
+MODEL = "intentops-banking77"
 TARGETS = {"first_run_minutes": ("<=", 20.0), "second_run_share_of_first": ("<=", 0.10),
            "second_run_new_versions": ("==", 0)}
 
@@ -94,7 +94,7 @@ def main() -> None:
     cli = [sys.executable, "-m", "ops.cli"]
     raw = base / "raw"
     subprocess.run([sys.executable, "-m", "demo.builder", "--out", str(raw), "--rows", str(args.rows),
-                    "--seed", str(args.seed), "--format", "csv", "--daily"], env=env, cwd=ROOT, check=True)
+                    "--seed", str(args.seed), "--format", "csv", "--daily", "--source", "train"], env=env, cwd=ROOT, check=True)
     t_up = time.perf_counter()
     up = subprocess.run([*cli, "up"], env=env, cwd=ROOT, capture_output=True, text=True)
     if up.returncode != 0:

@@ -68,7 +68,7 @@ ROOT = Path(__file__).resolve().parents[1]
 _HERE = ROOT / "benchmarks"
 sys.path[:] = [str(ROOT)] + [q for q in sys.path if q and Path(q).resolve() not in (ROOT, _HERE)] + [str(_HERE)]
 
-MODEL_NAME = "intentops-intent-classifier"
+MODEL_NAME = "intentops-banking77"
 UPSTREAM_KEY = "bench-upstream-key"
 DEFAULT_MODEL_DIR = "var/bench/training/accuracy/run/model"
 TARGETS = {"router_vs_mlflow_rps_c32_min": 3.0, "router_rps_c32_min": 300.0, "router_p99_ms_c32_max": 150.0,

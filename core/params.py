@@ -24,6 +24,7 @@ from core.config import PipelineConfig
 
 # form name -> config key, in the form's order
 ALIASES: dict[str, str] = {
+    "dataset": "dataset",
     "input_path": "input.path",
     "input_format": "input.format",
     "min_chars": "clean.min_chars",
@@ -34,6 +35,7 @@ ALIASES: dict[str, str] = {
     "max_residual_pii_rate": "validation.max_residual_pii_rate",
     "min_label_alpha": "labelqa.min_alpha",
     "max_suspect_rate": "labelqa.max_suspect_rate",
+    "max_conflict_rate": "labelqa.max_conflict_rate",
     "label_suspects": "labelqa.suspects",
     "model": "training.hparams.model",
     "epochs": "training.hparams.epochs",
@@ -46,6 +48,17 @@ ALIASES: dict[str, str] = {
 
 _BOUNDS = ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "minLength",
            "maxLength", "minItems", "maxItems", "enum", "items", "pattern")
+
+
+# Not a config field: the YAML file to resolve the run's config from (a dataset's own
+# config file), instead of configs/pipeline.yaml.
+CONFIG_FILE = "config_file"
+CONFIG_FILE_ENTRY: dict[str, Any] = {
+    "type": ["null", "string"], "minLength": 1, "default": None,
+    "description": "A dataset's config file (YAML, like configs/pipeline.yaml; relative paths are "
+                   "relative to the project) to resolve this run's settings from; the fields below "
+                   "override it. Empty: configs/pipeline.yaml (or INTENTOPS_CONFIG).",
+}
 
 
 class ParamError(ValueError):
@@ -99,13 +112,14 @@ def form_entry(alias: str) -> dict[str, Any]:
 
 
 def form() -> dict[str, dict[str, Any]]:
-    return {alias: form_entry(alias) for alias in ALIASES}
+    return {CONFIG_FILE: dict(CONFIG_FILE_ENTRY)} | {alias: form_entry(alias) for alias in ALIASES}
 
 
 def overrides(conf: dict[str, Any]) -> dict[str, Any]:
     """Config overrides (dotted keys) from a run's params: unknown names fail, empty values
     keep the configured value."""
-    unknown = sorted(set(conf) - set(ALIASES))
+    unknown = sorted(set(conf) - set(ALIASES) - {CONFIG_FILE})
     if unknown:
-        raise ParamError(f"unknown trigger settings {unknown}; the form has {sorted(ALIASES)}")
-    return {ALIASES[k]: v for k, v in conf.items() if v is not None}
+        raise ParamError(f"unknown trigger settings {unknown}; the form has "
+                         f"{sorted([CONFIG_FILE, *ALIASES])}")
+    return {ALIASES[k]: v for k, v in conf.items() if v is not None and k != CONFIG_FILE}

@@ -48,13 +48,24 @@ def resolve_run_config(run_id: str, conf: dict[str, Any] | None = None,
     the input is date-partitioned and the interval holds no partition."""
     from core import partitions
 
+    conf = conf or {}
+    file = conf.get(params.CONFIG_FILE)
+    if file:
+        from core.config import PROJECT_ROOT
+
+        file = Path(file) if Path(file).is_absolute() else PROJECT_ROOT / file
+        if not file.is_file():
+            raise SettingsError(f"config_file {conf[params.CONFIG_FILE]!r}: no such file")
     try:
-        cfg = load_config(overrides=params.overrides(conf or {}))
+        cfg = load_config(file, overrides=params.overrides(conf))
     except params.ParamError as exc:
         raise SettingsError(str(exc)) from None
     except ValidationError as exc:
-        problems = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
+        problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'config'}: {e['msg']}"
+                             for e in exc.errors())
         raise SettingsError(f"invalid settings: {problems}") from None
+    except ValueError as exc:  # a YAML file that is not a mapping
+        raise SettingsError(str(exc)) from None
     note = None
     if interval is not None:
         start, end = interval
@@ -117,6 +128,8 @@ def stage_row(result: StageResult) -> dict[str, Any]:
         "suspects": stats.get("suspects"),
         "suspect_rate": stats.get("suspect_rate"),
         "krippendorff_alpha": stats.get("krippendorff_alpha"),
+        "agreement_note": stats.get("agreement_note"),
+        "conflict_rate": stats.get("conflict_rate"),
         "curated_by_split": stats.get("curated_by_split"),
         "mlflow_run_id": stats.get("mlflow_run_id"),
         "test_accuracy": stats.get("test_accuracy"),
@@ -145,9 +158,27 @@ def collect(lake: Path, run_id: str) -> list[dict[str, Any]]:
     return rows
 
 
+def stopped_by(rows: list[dict[str, Any]]) -> str | None:
+    """What stopped the run, when a stage's verdict did (the summary's first line)."""
+    for r in rows:
+        if r.get("gate_success") is False:
+            what = (f"{r['failed_expectations']} expectations failed" if r["stage"] == "validate"
+                    else "label quality below the bar")
+            return f"{r['stage']} gate failed ({what}); no model was trained"
+        if r.get("registered") is False:
+            return f"no model registered: {r['registration_reason']}"
+        if r.get("deploy") and r["deploy"].get("decision") in ("rolled_back", "refused"):
+            return f"deploy {r['deploy']['decision']}: {r['deploy']['reason']}"
+    return None
+
+
 def render(rows: list[dict[str, Any]], run_id: str) -> str:
     head = f"{'stage':<11} {'rows in':>9} {'kept':>9} {'quarant.':>9} {'merged':>9} {'time s':>8}  cache"
-    lines = [f"intentops run {run_id}", head, "-" * len(head)]
+    lines = [f"intentops run {run_id}"]
+    stop = stopped_by(rows)
+    if stop:
+        lines.append(f"STOPPED: {stop}")
+    lines += [head, "-" * len(head)]
     for r in rows:
         def n(v: Any) -> str:
             return f"{v:>9,}" if isinstance(v, int) else f"{'-':>9}"
@@ -170,7 +201,8 @@ def render(rows: list[dict[str, Any]], run_id: str) -> str:
         if r.get("suspects") is not None:
             lines.append(
                 f"{r['stage']}: {r['suspects']:,} suspect labels ({r['suspect_rate']:.2%}) in the relabel "
-                f"queue; alpha {r['krippendorff_alpha']}; curated {r['curated_by_split']}; "
+                f"queue; alpha {r['krippendorff_alpha'] if r['krippendorff_alpha'] is not None else r.get('agreement_note') or 'skipped'}; "
+                f"dedup-conflict rate {r.get('conflict_rate')}; curated {r['curated_by_split']}; "
                 f"report {r['output']}/qa_report.html; MLflow run {r['mlflow_run_id']}"
             )
         elif r.get("test_accuracy") is not None:
@@ -249,3 +281,21 @@ def latest_summary(lake: Path) -> str:
     if not latest.exists():
         raise StageError(f"no finished run under {lake} yet")
     return (lake / "runs" / latest.read_text().strip() / "summary.txt").read_text()
+
+
+LABELS_FILE = "labels.json"
+
+
+def run_labels_file(lake: Path, run_id: str) -> Path:
+    """The run's label set as the clean stage published it (from ``clean.labels_file`` or
+    inferred from the data): the one list every later stage and the model use."""
+    from core.stage import upstream
+
+    path = Path(upstream(lake, run_id, "clean").path) / LABELS_FILE
+    if not path.exists():
+        raise StageError(f"{path.parent} has no {LABELS_FILE}: rerun the clean stage")
+    return path
+
+
+def run_labels(lake: Path, run_id: str) -> list[str]:
+    return json.loads(run_labels_file(lake, run_id).read_text())

@@ -1,6 +1,6 @@
 """The deployment on one machine: the router and the model servers as processes.
 
-Everything lives under ``deploy.root`` (``var/deploy`` by default):
+Everything lives under ``<deploy.root>/<dataset>/`` (``var/deploy/banking77`` for the demo):
 
 * ``state.json``: what runs (router, stable, canary: pid, port, URL, model version, build);
 * ``builds/v<N>/``: the int8 builds downloaded from the registry, so a restart does not
@@ -65,7 +65,7 @@ class Deployment:
     def __init__(self, cfg: PipelineConfig) -> None:
         self.cfg = cfg
         self.d = cfg.deploy
-        self.root = cfg.resolve_path(self.d.root)
+        self.root = cfg.deploy_dir  # <deploy.root>/<dataset>
         for sub in ("builds", "logs"):
             (self.root / sub).mkdir(parents=True, exist_ok=True)
         self.secrets = self.root / "secrets"
@@ -260,7 +260,7 @@ class Deployment:
 
     def status(self) -> dict[str, Any]:
         state = self.state()
-        out: dict[str, Any] = {"root": self.d.root, "client_keys_file": str(self.secrets / "client_keys")}
+        out: dict[str, Any] = {"root": str(self.root), "client_keys_file": str(self.secrets / "client_keys")}
         for role in ("router", "stable", "canary"):
             p = state.get(role)
             if not p:

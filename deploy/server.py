@@ -1,6 +1,6 @@
 """The model server: an ONNX build behind FastAPI/uvicorn, with dynamic micro-batching.
 
-    python -m deploy.server --build DIR | --model-uri models:/intentops-intent-classifier/3 \
+    python -m deploy.server --build DIR | --model-uri models:/intentops-banking77/3 \
         [--host 127.0.0.1] [--port 8100] [--max-batch 32] [--max-delay-ms 5] [--max-queue 256]
 
 * ``POST /v1/predict`` with ``{"text": "..."}`` or ``{"texts": [...]}`` returns labels,

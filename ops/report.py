@@ -99,6 +99,7 @@ class Report:
     run_id: str
     stages: dict[str, StageView]
     config: dict[str, Any] = field(default_factory=dict)
+    dataset: str = ""
 
     @property
     def verdict(self) -> str:
@@ -158,6 +159,9 @@ def gather(cfg: PipelineConfig, run_id: str, task_states: dict[str, str] | None 
             or "the label-QA gate failed"
     c = cfg.model_dump(mode="json")
     config = {
+        "dataset / registered model": f"{c['dataset']} / {c['training']['registered_model']}",
+        "clean.label_set": (c["clean"]["labels_file"] if c["clean"]["label_set"] == "file"
+                            else f"inferred (min {c['clean']['min_class_count']} rows per label)"),
         "clean.min_chars / max_chars": f"{c['clean']['min_chars']} / {c['clean']['max_chars']}",
         "dedup.threshold": c["dedup"]["threshold"],
         "desensitize.mode": c["desensitize"]["mode"],
@@ -169,7 +173,7 @@ def gather(cfg: PipelineConfig, run_id: str, task_states: dict[str, str] | None 
         "training.metric / margin": f"{c['training']['metric']} / {c['training']['margin']}",
         "deploy.steps / bake_seconds": f"{c['deploy']['steps']} / {c['deploy']['bake_seconds']}",
     }
-    return Report(run_id, views, config)
+    return Report(run_id, views, config, cfg.dataset)
 
 
 def _history(view: StageView) -> list[dict[str, Any]]:
@@ -618,11 +622,11 @@ def render(rep: Report, mode: str = "airflow", figs: dict[str, str] | None = Non
 <html lang="en"><head><meta charset="utf-8">
 <meta name="viewport" content="width=device-width, initial-scale=1">
 <link rel="icon" href="data:,">
-<title>intentops run report: {_e(rep.run_id)}</title>
+<title>intentops run report: {_e(rep.dataset)} {_e(rep.run_id)}</title>
 <style>{_CSS}</style></head>
 <body>
-<h1>intentops run report</h1>
-<p>Run <code>{_e(rep.run_id)}</code>: {_e(rep.verdict)}.
+<h1>intentops run report: {_e(rep.dataset)}</h1>
+<p>Run <code>{_e(rep.run_id)}</code> of dataset <code>{_e(rep.dataset)}</code>: {_e(rep.verdict)}.
 Numbers and masked samples only: the page is built from the stages' outputs downstream of
 desensitization and their counts.</p>
 <nav id="contents"><h2>Contents</h2><ol>

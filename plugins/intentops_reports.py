@@ -3,7 +3,7 @@
 * A FastAPI app mounted by the API server under ``/intentops``:
 
   - ``GET /intentops/runs/{run_id}/report``: the run's report
-    (``<lake>/runs/<run_id>/report.html``, written by the DAG's ``report`` task);
+    (``<lake_root>/<dataset>/runs/<run_id>/report.html``, written by the DAG's ``report`` task);
   - ``GET /intentops/runs/{run_id}/files/{stage}/{path}``: the stage files the report
     links (Data Docs, the label-QA report, ...), read-only from the output the run used.
     Only the files in ``ops.report.SERVED_FILES`` are served: nothing of the raw
@@ -14,7 +14,8 @@
 * A "Run report" tab on each DAG run's page (an external view, ``destination`` dag_run)
   that shows the report inside the Airflow UI.
 
-The lake is the configured one (``configs/pipeline.yaml``, ``INTENTOPS__LAKE_ROOT``).
+The lake is the configured root (``lake_root`` in ``configs/pipeline.yaml``,
+``INTENTOPS__LAKE_ROOT``); a run is found in whichever dataset's folder holds it.
 Enable with ``AIRFLOW__CORE__PLUGINS_FOLDER=<project>/plugins`` (the Makefile sets it);
 ``airflow plugins`` lists it.
 """
@@ -50,9 +51,11 @@ async def require_run_access(request: Request) -> None:
 
 
 def _configured_lake() -> Path:
+    """The lake root: every dataset's runs are under it (<lake_root>/<dataset>/runs/)."""
     from core.config import load_config
 
-    return load_config().lake
+    cfg = load_config()
+    return cfg.resolve_path(cfg.lake_root)
 
 
 def create_app(lake: Path | Callable[[], Path] = _configured_lake) -> FastAPI:
@@ -63,12 +66,20 @@ def create_app(lake: Path | Callable[[], Path] = _configured_lake) -> FastAPI:
     app = FastAPI(title="intentops run reports", docs_url=None, redoc_url=None, openapi_url=None,
                   dependencies=[Depends(require_run_access)])
 
-    def run_folder(run_id: str) -> Path:
-        runs = lake_of() / "runs"
-        safe = stage.safe_run_id(run_id)
-        if safe in ("", ".", "..") or not (runs / safe).is_dir():
+    def dataset_lake(run_id: str) -> Path:
+        """The dataset lake holding the run: the given folder itself (one dataset's lake) or
+        one of its dataset folders (the lake root)."""
+        root, safe = lake_of(), stage.safe_run_id(run_id)
+        if safe in ("", ".", ".."):
             raise HTTPException(404, f"no run {run_id!r} in the lake")
-        return runs / safe
+        datasets = sorted(p for p in root.iterdir() if p.is_dir()) if root.is_dir() else []
+        for lake in (root, *datasets):
+            if (lake / "runs" / safe).is_dir():
+                return lake
+        raise HTTPException(404, f"no run {run_id!r} in the lake")
+
+    def run_folder(run_id: str) -> Path:
+        return dataset_lake(run_id) / "runs" / stage.safe_run_id(run_id)
 
     @app.get("/runs/{run_id}/report", response_class=HTMLResponse)
     def report(run_id: str) -> FileResponse:
@@ -85,13 +96,14 @@ def create_app(lake: Path | Callable[[], Path] = _configured_lake) -> FastAPI:
         if not parts or rel.startswith("/") or "\\" in rel or any(p in ("..", ".") for p in parts) \
                 or not servable(stage_name, rel):
             raise HTTPException(404, "not a file the run report links")
-        pointer = stage.run_pointer(lake_of(), stage.safe_run_id(run_id), stage_name)
-        if not run_folder(run_id).is_dir() or not pointer.is_file():
+        lake = dataset_lake(run_id)
+        pointer = stage.run_pointer(lake, stage.safe_run_id(run_id), stage_name)
+        if not pointer.is_file():
             raise HTTPException(404, f"run {run_id!r} has no {stage_name} output")
         out = Path(stage.StageResult.from_file(pointer).path).resolve()
         target = (out / rel).resolve()
         # The pointer must name an output inside the lake, and symlinks may not lead out of it.
-        if not out.is_relative_to(lake_of().resolve()) or not target.is_relative_to(out) \
+        if not out.is_relative_to(lake.resolve()) or not target.is_relative_to(out) \
                 or not target.is_file():
             raise HTTPException(404, "not a file the run report links")
         media = TEXT_TYPES.get(target.suffix) or mimetypes.guess_type(target.name)[0] or "application/octet-stream"

@@ -12,11 +12,18 @@ one or many annotations and annotators may label any subset of items (real expor
 * Krippendorff's alpha (nominal, closed form checked against the ``krippendorff``
   package), which handles any number of annotations per item; overall and per class (binarized the same way);
 * per-annotator accuracy against the consensus label.
+
+Only independent annotators count toward agreement: ``pseudo`` names sources that are not
+annotators (in label QA the export's label column and dedup's copies of a message), whose
+votes enter the per-annotator accuracy but never alpha, kappa or item agreement. The
+statistics are computed only when at least ``min_items`` items have two or more
+independent annotations, and skipped with a note otherwise.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Collection
 from itertools import combinations
 from typing import Any
 
@@ -110,19 +117,40 @@ def cohen_pairs(ann: pd.DataFrame, min_common: int) -> list[dict[str, Any]]:
     return out
 
 
+def independent(ann: pd.DataFrame, pseudo: Collection[str] = ()) -> pd.DataFrame:
+    """The annotations by independent annotators (everyone not in ``pseudo``)."""
+    return ann[~ann.annotator.isin(list(pseudo))] if len(pseudo) else ann
+
+
+def skip_note(n_items: int, min_items: int, setting: str = "min_items") -> str:
+    """Why agreement was skipped: too few items with two or more independent annotators."""
+    note = (f"skipped: {n_items:,} item{'' if n_items == 1 else 's'} with two or more independent "
+            f"annotators, fewer than {setting} {min_items}")
+    if n_items < 2:
+        note += " (agreement is undefined without two such items)"
+    return note
+
+
 def agreement(
     ann: pd.DataFrame,
     n_items: int,
     classes: list[str],
     consensus: pd.Series,
     min_common: int = 20,
+    *,
+    pseudo: Collection[str] = (),
+    min_items: int = 2,
+    min_items_setting: str = "min_items",
 ) -> dict[str, Any]:
     """All agreement figures; ``consensus`` maps item -> consensus label (or missing).
 
-    With one annotator per item everywhere, agreement is undefined: the result says so in
-    ``note`` and carries no statistics instead of failing the stage.
+    Agreement is over the annotations of independent annotators (not in ``pseudo``) on the
+    items that have two or more of them. With fewer than ``min_items`` (at least 2) such
+    items, the result says why in ``note`` and carries no statistics instead of failing
+    the stage; ``min_items_setting`` names the setting in that note.
     """
-    counts = count_matrix(ann, n_items, classes)
+    indep = independent(ann, pseudo)
+    counts = count_matrix(indep, n_items, classes)
     n_per_item = counts.sum(1)
     multi = n_per_item >= 2
     per_item = item_agreement(counts)
@@ -133,23 +161,28 @@ def agreement(
         .groupby("annotator")
         .agg(annotations=("label", "size"), accuracy=("correct", "mean"))
     )
+    pseudo_set = set(pseudo)
     annotators = [
         {"annotator": a, "annotations": int(r.annotations), "accuracy": round(float(r.accuracy), 6)}
+        | ({"pseudo": True} if a in pseudo_set else {})
         for a, r in acc.iterrows()
     ]
+    all_per_item = count_matrix(ann, n_items, classes).sum(1)
     out: dict[str, Any] = {
         "items": int(n_items),
         "annotations": int(len(ann)),
-        "annotators": int(ann.annotator.nunique()),
-        "items_with_multiple_annotations": int(multi.sum()),
-        "annotations_per_item": {str(k): int(v) for k, v in pd.Series(n_per_item).value_counts().sort_index().items()},
+        "annotators": int(indep.annotator.nunique()),
+        "independent_annotations": int(len(indep)),
+        "pseudo_annotators": sorted(pseudo_set & set(ann.annotator)),
+        "items_with_multiple_annotations": int((all_per_item >= 2).sum()),
+        # The items agreement is computed over: two or more independent annotators.
+        "agreement_items": int(multi.sum()),
+        "min_agreement_items": int(max(min_items, 2)),
+        "annotations_per_item": {str(k): int(v) for k, v in pd.Series(all_per_item).value_counts().sort_index().items()},
         "per_annotator": annotators,
     }
-    if multi.sum() < 2:
-        out["note"] = (
-            "fewer than two items have more than one annotation: agreement (kappa, alpha) "
-            "is undefined and was skipped; consensus is the single label"
-        )
+    if multi.sum() < max(min_items, 2):
+        out["note"] = skip_note(int(multi.sum()), max(min_items, 2), min_items_setting)
         return out | {"fleiss_kappa": None, "krippendorff_alpha": None, "cohen_kappa": [],
                       "mean_item_agreement": None, "per_class": []}
     modal = int(pd.Series(n_per_item[multi]).mode().iloc[0])
@@ -178,6 +211,6 @@ def agreement(
         "fleiss_items": int(len(full)),
         "fleiss_annotations_per_item": modal,
         "krippendorff_alpha": _nan_to_none(kripp_alpha(counts)),
-        "cohen_kappa": cohen_pairs(ann, min_common),
+        "cohen_kappa": cohen_pairs(indep, min_common),
         "per_class": per_class,
     }

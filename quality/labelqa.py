@@ -29,7 +29,16 @@ The method, in order:
    wrong); the suggested label is the posterior's argmax.
 7. **Dedup conflicts**: a survivor whose dedup cluster merged copies with other labels
    gets the copies' other label as one more annotation (annotator ``_dedup_copy``,
-   weighed by Dawid-Skene like any annotator) and is marked in the queue.
+   weighed by Dawid-Skene like any annotator) and is marked in the queue. The share of
+   such items (``conflict_rate``, overall and per class) is a signal of its own, gated by
+   ``max_conflict_rate``.
+8. **Agreement** (Krippendorff's alpha, Fleiss' and Cohen's kappa, item agreement) counts
+   independent annotators only: the label column (``_export``) and dedup copies
+   (``_dedup_copy``) inform the consensus but are not annotators. It is computed over the
+   items with two or more independent annotations, when there are at least
+   ``min_agreement_items`` of them; otherwise it is skipped with a note (``agreement_note``)
+   and so is the gate's alpha check. A single-label export has no agreement to measure;
+   confident learning still checks its labels.
 
 Outputs (published as one stage): ``curated/`` (consensus labels, suspects handled by
 ``suspects`` = exclude | relabel | downweight, a grouped stratified train/val/test
@@ -55,6 +64,9 @@ from quality import agreement
 log = logging.getLogger(__name__)
 
 EXPORT_ANNOTATOR = "_export"  # the label column, when an item has no annotations
+DEDUP_ANNOTATOR = "_dedup_copy"  # a dedup copy's other label (see _dedup_votes)
+# Sources that vote in the consensus but are not annotators: never in agreement figures.
+PSEUDO_ANNOTATORS = (EXPORT_ANNOTATOR, DEDUP_ANNOTATOR)
 
 
 # --------------------------------------------------------------------------- annotations
@@ -83,9 +95,6 @@ def annotations_long(items: pd.DataFrame, classes: list[str]) -> tuple[pd.DataFr
     ann = pd.DataFrame(rows, columns=["item", "annotator", "label"])
     ann = ann.drop_duplicates(["item", "annotator"], keep="first")
     return ann, {"invalid_annotations_dropped": dropped, "items_labeled_from_export_only": from_export}
-
-
-DEDUP_ANNOTATOR = "_dedup_copy"
 
 
 def _dedup_votes(items: pd.DataFrame, ann: pd.DataFrame, classes: list[str]) -> tuple[pd.DataFrame, int]:
@@ -277,8 +286,12 @@ def analyze(items: pd.DataFrame, classes: list[str], cfg: LabelQAConfig) -> Anal
         cons, _ = majority(ann, n, classes)
     else:
         cons, _ = dawid_skene(ann, n, classes)
+    # Pseudo-annotators (the label column, dedup copies) vote in the consensus above but
+    # are not independent annotators: agreement is over real annotators only.
     agr = agreement.agreement(ann, n, classes, pd.Series(np.where(
-        cons >= 0, np.asarray(classes, dtype=object)[np.maximum(cons, 0)], None)))
+        cons >= 0, np.asarray(classes, dtype=object)[np.maximum(cons, 0)], None)),
+        pseudo=PSEUDO_ANNOTATORS, min_items=cfg.min_agreement_items,
+        min_items_setting="labelqa.min_agreement_items")
     probs, small = oof_probabilities(items.text, cons, k, cfg)
     cl = cleanlab_issues(cons, probs)
     loglik = annotation_loglik(ann, n, classes, cons)
@@ -312,8 +325,10 @@ def analyze(items: pd.DataFrame, classes: list[str], cfg: LabelQAConfig) -> Anal
     items["score"] = np.where(has_ann, 1.0 - np.nan_to_num(quality), 1.0)
     items["reason"] = reasons
     items["n_annotations"] = n_ann
-    # Share of the item's annotation pairs that agree (NaN with a single annotation).
-    items["item_agreement"] = agreement.item_agreement(agreement.count_matrix(ann, n, classes))
+    # Share of the item's independent annotation pairs that agree (NaN with fewer than two
+    # independent annotations: the label column and dedup copies do not count).
+    items["item_agreement"] = agreement.item_agreement(
+        agreement.count_matrix(agreement.independent(ann, PSEUDO_ANNOTATORS), n, classes))
     info |= {
         "classes_too_small_for_cv": [classes[c] for c in small],
         "items_without_model_check": int((~has_model).sum()),
@@ -441,9 +456,59 @@ def label_studio_tasks(queue: pd.DataFrame) -> list[dict[str, Any]]:
     return tasks
 
 
+def _cluster_label_sets(items: pd.DataFrame) -> list[set[str]]:
+    """Per item, the labels its dedup cluster carries: its own valid label and, where dedup
+    recorded them, its copies' (normalized)."""
+    own = items.given if "given" in items else items.label.map(textnorm.normalize_label)
+    if "cluster_labels" not in items:
+        return [{g} - {None} for g in own]
+    out = []
+    for g, labels in zip(own, items.cluster_labels, strict=True):
+        labs = {g} if labels is None else {g} | {textnorm.normalize_label(x) for x in labels}
+        out.append(labs - {None})
+    return out
+
+
+def conflict_rates(items: pd.DataFrame, top: int = 15) -> dict[str, Any]:
+    """Dedup label conflicts as a signal: the share of items whose dedup cluster merged
+    copies with disagreeing labels (``label_conflict``), overall and per class.
+
+    An item counts toward every class its cluster carries (its own label and its copies'),
+    so a class's rate does not depend on which copy dedup kept: of the items where the
+    class occurs, the share whose copies disagree. ``conflict_rate_by_class`` holds the
+    ``top`` classes by rate (then by count) among those with a conflict."""
+    n = len(items)
+    conflict = items.label_conflict.fillna(False).astype(bool).to_numpy() if n else np.zeros(0, bool)
+    rows = [(lab, bool(c)) for labs, c in zip(_cluster_label_sets(items), conflict, strict=True)
+            for lab in labs]
+    per = pd.DataFrame(rows, columns=["label", "conflict"])
+    by_class: list[dict[str, Any]] = []
+    if len(per):
+        g = per.groupby("label").conflict.agg(items="size", conflicts="sum").reset_index()
+        g = g[g.conflicts > 0].assign(rate=lambda t: t.conflicts / t["items"])
+        g = g.sort_values(["rate", "conflicts", "label"], ascending=[False, False, True]).head(top)
+        by_class = [{"label": str(r.label), "items": int(r.items), "conflicts": int(r.conflicts),
+                     "rate": round(float(r.rate), 6)} for r in g.itertuples(index=False)]
+    return {
+        "conflict_items": int(conflict.sum()),
+        "conflict_rate": round(float(conflict.mean()), 6) if n else 0.0,
+        "conflict_rate_by_class": by_class,
+    }
+
+
+def agreement_note(ag: dict[str, Any]) -> str | None:
+    """Why there is no Krippendorff's alpha (None when there is one): agreement skipped
+    (too few items with independent annotators) or alpha undefined (one class seen)."""
+    if ag.get("krippendorff_alpha") is not None:
+        return None
+    return ag.get("note") or (
+        "skipped: Krippendorff's alpha is undefined (the independent annotations name a single class)")
+
+
 def metrics(a: Analysis, cur: pd.DataFrame, queue: pd.DataFrame) -> dict[str, Any]:
     d = a.items
     n = len(d)
+    conflicts = conflict_rates(d)
     by_class = d[d.suspect].consensus.fillna("<none>").value_counts()
     return {
         "items": n,
@@ -455,13 +520,16 @@ def metrics(a: Analysis, cur: pd.DataFrame, queue: pd.DataFrame) -> dict[str, An
         "consensus_changed_exported_label": int((d.given.notna() & (d.given != d.consensus)).sum()),
         "model_agrees_with_consensus": round(float((d.model_label == d.consensus)[d.model_label.notna()].mean()), 6)
         if d.model_label.notna().any() else None,
-        "dedup_label_conflict_items": int(d.label_conflict.sum()),
+        "dedup_label_conflict_items": conflicts["conflict_items"],
         "dedup_label_conflict_suspects": int((d.label_conflict & d.suspect).sum()),
+        "conflict_rate": conflicts["conflict_rate"],
+        "conflict_rate_by_class": conflicts["conflict_rate_by_class"],
         "suspects_by_class": {str(k): int(v) for k, v in by_class.items()},
         "curated_rows": int(len(cur)),
         "curated_by_split": {str(k): int(v) for k, v in cur.split.value_counts().sort_index().items()},
         "queue_rows": int(len(queue)),
         **a.info,
+        "agreement_note": agreement_note(a.agreement),
         "agreement": a.agreement,
     }
 
@@ -480,14 +548,22 @@ def gate_checks(m: dict[str, Any], cfg: LabelQAConfig) -> dict[str, Any]:
             "name": "krippendorff_alpha >= min_alpha",
             "value": alpha,
             "threshold": cfg.min_alpha,
+            # No alpha (agreement skipped, or undefined): the check is skipped with the reason.
             "passed": None if alpha is None else bool(alpha >= cfg.min_alpha),
-            "note": "skipped: one annotation per item" if alpha is None else None,
+            "note": agreement_note(m["agreement"]),
         },
         {
             "name": "suspect_rate <= max_suspect_rate",
             "value": m["suspect_rate"],
             "threshold": cfg.max_suspect_rate,
             "passed": bool(m["suspect_rate"] <= cfg.max_suspect_rate),
+            "note": None,
+        },
+        {
+            "name": "conflict_rate <= max_conflict_rate",
+            "value": m["conflict_rate"],
+            "threshold": cfg.max_conflict_rate,
+            "passed": bool(m["conflict_rate"] <= cfg.max_conflict_rate),
             "note": None,
         },
         {

@@ -17,8 +17,7 @@ from typing import Any
 
 import pandas as pd
 
-import textnorm
-from core import stage, stages, tracking
+from core import runs, stage, stages, tracking
 from core.config import PipelineConfig
 from quality import qareport
 from quality.labelqa import (
@@ -40,7 +39,7 @@ STAGE = "labelqa"
 def run(cfg: PipelineConfig, run_id: str) -> stage.StageResult:
     """Read desensitize's kept rows, publish the QA outputs, log to MLflow."""
     src = stage.upstream(cfg.lake, run_id, "desensitize")
-    classes = textnorm.load_label_set(cfg.resolve_path(cfg.clean.labels_file))
+    classes = runs.run_labels(cfg.lake, run_id)
     qa = cfg.labelqa
     inputs = {"desensitize": {"key": src.manifest["key"]}}
     stage_cfg = {"labelqa": qa.model_dump(), "labels": classes}
@@ -71,6 +70,7 @@ def run(cfg: PipelineConfig, run_id: str) -> stage.StageResult:
             "cleanlab_issues": m["cleanlab_issues"], "curated_rows": m["curated_rows"],
             "krippendorff_alpha": ag.get("krippendorff_alpha"), "fleiss_kappa": ag.get("fleiss_kappa"),
             "mean_item_agreement": ag.get("mean_item_agreement"),
+            "agreement_items": ag.get("agreement_items"), "conflict_rate": m["conflict_rate"],
             "consensus_changed_exported_label": m["consensus_changed_exported_label"],
             "model_agrees_with_consensus": m["model_agrees_with_consensus"],
             "gate_passed": float(gate["passed"]),
@@ -82,15 +82,20 @@ def run(cfg: PipelineConfig, run_id: str) -> stage.StageResult:
             params={f"labelqa.{k}": v for k, v in qa.model_dump().items()},
             metrics=flat,
             tags={"intentops.stage": STAGE, "intentops.pipeline_run_id": run_id,
-                  "intentops.desensitize_key": src.manifest["key"], "gate": "passed" if gate["passed"] else "failed"},
+                  "intentops.desensitize_key": src.manifest["key"], "gate": "passed" if gate["passed"] else "failed"}
+            | ({"intentops.agreement_note": m["agreement_note"]} if m["agreement_note"] else {}),
             artifacts=[out / "qa_report.html", out / "metrics.json", out / "relabel_queue.csv"],
         )
         (out / "mlflow_run.json").write_text(json.dumps(run))
-        log.info("label QA: %d items, %d suspects, alpha %s, MLflow run %s",
-                 m["items"], m["suspects"], ag.get("krippendorff_alpha"), run["run_id"])
+        log.info("label QA: %d items, %d suspects, alpha %s, conflict rate %s, MLflow run %s",
+                 m["items"], m["suspects"], m["agreement_note"] or ag.get("krippendorff_alpha"),
+                 m["conflict_rate"], run["run_id"])
         return {
             "rows_in": m["items"], "kept": m["curated_rows"], "suspects": m["suspects"],
             "suspect_rate": m["suspect_rate"], "krippendorff_alpha": ag.get("krippendorff_alpha"),
+            # Why alpha is None (agreement skipped or undefined); None when there is an alpha.
+            "agreement_note": m["agreement_note"], "agreement_items": ag.get("agreement_items"),
+            "conflict_rate": m["conflict_rate"],
             "gate_passed": gate["passed"], "mlflow_run_id": run["run_id"],
             "mlflow_experiment_id": run["experiment_id"], "curated_by_split": m["curated_by_split"],
             "report": "qa_report.html", "queue": "relabel_queue.csv",

@@ -42,7 +42,10 @@ def figures(items: pd.DataFrame, ann: pd.DataFrame, metrics: dict[str, Any]) -> 
     if not per_ann.empty:
         fig, ax = plt.subplots(figsize=(7, 0.35 * len(per_ann) + 1))
         per_ann = per_ann.sort_values("accuracy")
-        ax.barh(per_ann.annotator, per_ann.accuracy, color="#4c72b0")
+        # Pseudo-annotators (the label column, dedup copies) are marked: not in agreement.
+        pseudo = per_ann.get("pseudo", pd.Series(False, index=per_ann.index)).fillna(False).astype(bool)
+        names = [f"{n} (not an annotator)" if p else n for n, p in zip(per_ann.annotator, pseudo, strict=True)]
+        ax.barh(names, per_ann.accuracy, color=["#999999" if p else "#4c72b0" for p in pseudo])
         ax.set_xlim(min(0.5, per_ann.accuracy.min() - 0.05), 1.0)
         ax.set_xlabel("accuracy against the consensus label")
         ax.set_title("Annotators")
@@ -91,22 +94,29 @@ def render(items: pd.DataFrame, ann: pd.DataFrame, metrics: dict[str, Any], queu
            gate: dict[str, Any], run_id: str | None) -> str:
     figs = figures(items, ann, metrics)
     a = metrics["agreement"]
+    skipped = "skipped" if a.get("note") else None
     overview = [
         {"figure": "items", "value": metrics["items"]},
         {"figure": "annotations", "value": metrics["annotations"]},
-        {"figure": "Krippendorff's alpha", "value": a.get("krippendorff_alpha")},
-        {"figure": "Fleiss' kappa", "value": a.get("fleiss_kappa")},
-        {"figure": "mean per-item agreement", "value": a.get("mean_item_agreement")},
+        {"figure": "items with two or more independent annotators", "value": a.get("agreement_items")},
+        {"figure": "Krippendorff's alpha",
+         "value": a.get("krippendorff_alpha") if a.get("krippendorff_alpha") is not None else "skipped"},
+        {"figure": "Fleiss' kappa", "value": a.get("fleiss_kappa") if a.get("fleiss_kappa") is not None else skipped},
+        {"figure": "mean per-item agreement",
+         "value": a.get("mean_item_agreement") if a.get("mean_item_agreement") is not None else skipped},
         {"figure": "suspects (relabel queue)", "value": metrics["suspects"]},
         {"figure": "suspect rate", "value": metrics["suspect_rate"]},
         {"figure": "cleanlab issues", "value": metrics["cleanlab_issues"]},
         {"figure": "consensus changed the exported label", "value": metrics["consensus_changed_exported_label"]},
         {"figure": "dedup clusters with disagreeing labels", "value": metrics["dedup_label_conflict_items"]},
+        {"figure": "dedup conflict rate", "value": metrics.get("conflict_rate")},
         {"figure": "curated rows", "value": metrics["curated_rows"]},
         {"figure": "curated split", "value": metrics["curated_by_split"]},
         {"figure": "classes too small for cross-validation", "value": ", ".join(metrics["classes_too_small_for_cv"]) or "none"},
     ]
-    notes = [a["note"]] if a.get("note") else []
+    note = metrics.get("agreement_note") or a.get("note")
+    notes = [f"Agreement {note}" if note.startswith("skipped") else note] if note else []
+    conflicts = metrics.get("conflict_rate_by_class") or []
     gate_rows = [{"check": c["name"], "value": c["value"], "threshold": c["threshold"],
                   "result": "pass" if c["passed"] else ("skipped" if c["passed"] is None else "FAIL"),
                   "note": c.get("note")} for c in gate["checks"]]
@@ -133,8 +143,14 @@ probabilities combined with the annotators' evidence. Texts are the desensitized
 {"".join(f"<p><b>Note:</b> {html.escape(n)}</p>" for n in notes)}
 <h2>Gate</h2>{_table(gate_rows, ["check", "value", "threshold", "result", "note"])}
 <h2>Overview</h2>{_table(overview, ["figure", "value"])}
+<h2>Dedup label conflicts</h2>
+<p>{metrics.get("dedup_label_conflict_items", 0)} of {metrics["items"]} items (rate {metrics.get("conflict_rate")})
+stand for a dedup cluster whose copies carry different labels; the copies' other label is one
+more vote in the consensus (<code>_dedup_copy</code>), never an annotator in the agreement figures.
+Classes by conflict rate (an item counts toward every label its cluster carries):</p>
+{_table(conflicts, ["label", "items", "conflicts", "rate"]) if conflicts else "<p>No conflicts.</p>"}
 <h2>Plots</h2>{img}
-<h2>Annotators</h2>{_table(a.get("per_annotator") or [], ["annotator", "annotations", "accuracy"])}
+<h2>Annotators</h2>{_table(a.get("per_annotator") or [], ["annotator", "annotations", "accuracy", "pseudo"])}
 <h3>Least agreeing annotator pairs (Cohen's kappa)</h3>{_table(pairs, ["a", "b", "items", "kappa", "observed"])}
 <h2>Relabel queue (top 25 of {len(queue)})</h2>
 {_table(top, ["rank", "record_id", "text", "given_label", "annotations", "suggested_label", "score", "reason"])}

@@ -19,8 +19,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-import textnorm
-from core import stage, stages
+from core import runs, stage, stages
 from core.config import PipelineConfig
 from pii import detector as pii
 from quality import validation
@@ -45,7 +44,7 @@ def run(cfg: PipelineConfig, run_id: str) -> stage.StageResult:
 
     src = stage.upstream(cfg.lake, run_id, "desensitize")
     counts = accounting(cfg, run_id)
-    labels = textnorm.load_label_set(cfg.resolve_path(cfg.clean.labels_file))
+    labels = runs.run_labels(cfg.lake, run_id)
     inputs = {"desensitize": {"key": src.manifest["key"]}, "accounting": counts}
     v = cfg.validation
     thresholds = validation.GateThresholds(

@@ -107,6 +107,7 @@ def test_one_class_leaves_chance_corrected_agreement_undefined_not_a_crash():
 def test_one_annotator_per_item_skips_agreement_with_a_note():
     table = [["x"], ["y"], ["x"]]
     out = agreement.agreement(_long(table, ["A"]), 3, ["x", "y"], pd.Series(["x", "y", "x"]))
+    assert out["note"].startswith("skipped: 0 items with two or more independent annotators")
     assert "undefined" in out["note"]
     assert out["krippendorff_alpha"] is None and out["fleiss_kappa"] is None
     assert out["cohen_kappa"] == []
@@ -121,3 +122,38 @@ def test_per_annotator_accuracy_against_the_consensus():
     # Fleiss over the 4 items with 3 annotations each, by hand:
     # P_i = 1/3, 1, 1, 1/3 -> P = 2/3; p_x = 6/12, p_y = 6/12 -> P_e = 0.5; kappa = 1/3.
     assert out["fleiss_kappa"] == pytest.approx(1 / 3)
+
+
+def test_pseudo_annotators_never_count_toward_agreement():
+    # Items 0-3: A and B (agree on 3 of 4). Items 4-7: A and a pseudo-annotator that
+    # always disagrees (a copy of the message with another label, say).
+    table = [["x", "x", None], ["y", "y", None], ["x", "x", None], ["y", "x", None],
+             ["x", None, "y"], ["y", None, "x"], ["x", None, "y"], ["y", None, "x"]]
+    ann = _long(table, ["A", "B", "_copy"])
+    cons = pd.Series(["x", "y", "x", "y"] * 2)
+    out = agreement.agreement(ann, 8, ["x", "y"], cons, min_common=2, pseudo=["_copy"])
+    only_ab = agreement.agreement(ann[ann.annotator != "_copy"], 8, ["x", "y"], cons, min_common=2)
+    everyone = agreement.agreement(ann, 8, ["x", "y"], cons, min_common=2)
+    for key in ("krippendorff_alpha", "fleiss_kappa", "mean_item_agreement", "cohen_kappa", "per_class"):
+        assert out[key] == only_ab[key], key
+    assert out["krippendorff_alpha"] != everyone["krippendorff_alpha"]
+    assert out["mean_item_agreement"] == pytest.approx(0.75)
+    assert out["agreement_items"] == 4 and out["items_with_multiple_annotations"] == 8
+    assert out["annotators"] == 2 and out["pseudo_annotators"] == ["_copy"]
+    # The pseudo-annotator still has an accuracy against the consensus, marked as such.
+    acc = {a["annotator"]: a for a in out["per_annotator"]}
+    assert acc["_copy"] == {"annotator": "_copy", "annotations": 4, "accuracy": 0.0, "pseudo": True}
+    assert "pseudo" not in acc["A"]
+
+
+def test_too_few_items_with_independent_annotators_skip_agreement_with_the_count():
+    table = [["x", "x"], ["y", "y"], ["x", "y"], ["y", None]]
+    ann = _long(table, ["A", "B"])
+    out = agreement.agreement(ann, 4, ["x", "y"], pd.Series(["x", "y", "x", "y"]), min_items=4,
+                              min_items_setting="labelqa.min_agreement_items")
+    assert out["note"] == ("skipped: 3 items with two or more independent annotators, fewer than "
+                           "labelqa.min_agreement_items 4")
+    assert out["krippendorff_alpha"] is None and out["fleiss_kappa"] is None
+    assert out["mean_item_agreement"] is None and out["cohen_kappa"] == [] and out["per_class"] == []
+    assert agreement.agreement(ann, 4, ["x", "y"], pd.Series(["x", "y", "x", "y"]),
+                               min_items=3)["krippendorff_alpha"] is not None

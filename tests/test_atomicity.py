@@ -29,13 +29,14 @@ def _export(path: Path, n: int, suffix: str) -> None:
 
 def _submit(path: Path, lake: Path, run_id: str, env: dict[str, str]) -> subprocess.Popen:
     cmd = ["spark-submit", "--master", "local[2]", str(ROOT / "jobs" / "spark" / "clean.py"),
-           "--set", f"input.path={path}", "--set", f"lake_root={lake}", "--run-id", run_id]
+           "--set", f"input.path={path}", "--set", f"lake_root={lake.parent}", "--run-id", run_id]
     return subprocess.Popen(cmd, env=env, cwd=ROOT, stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL, start_new_session=True)
 
 
 def test_killed_mid_write_leaves_previous_output_and_retry_succeeds(tmp_path, project_env):
-    lake = tmp_path / "lake"
+    root = tmp_path / "lake"
+    lake = root / "banking77"  # <lake_root>/<dataset>
     first, second = tmp_path / "a.csv", tmp_path / "b.csv"
     _export(first, 2000, "a")
     _export(second, 60000, "b")

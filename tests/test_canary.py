@@ -139,7 +139,7 @@ def test_rollouts_promote_good_versions_and_roll_back_bad_ones(registry):
     v6 = reg["add"]("failed")
     r6 = roll(reg, v6)
     assert r6["decision"] == "refused" and "failed its checks" in r6["reason"]
-    assert not (Path(reg["cfg"]().deploy.root) / "builds" / f"v{v6}").exists()
+    assert not (reg["cfg"]().deploy_dir / "builds" / f"v{v6}").exists()
 
     # Rerunning for the version already serving does nothing.
     assert roll(reg, v2)["decision"] == "already_serving"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import json
+from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -155,9 +156,40 @@ def test_rerun_after_fixing_the_input_needs_no_cleanup(spark, tmp_path):
     path.write_text("ticket_id,intent\nT1,card_arrival\n")
     with pytest.raises(StageError):
         clean.run(_cfg(tmp_path, path), run_id="r", spark=spark)
-    _write_csv(path, CASES[:2])
+    _write_csv(path, CASES[:3])
     res = clean.run(_cfg(tmp_path, path), run_id="r", spark=spark)
-    assert res.manifest["stats"]["kept"] == 2
+    assert res.manifest["stats"]["kept"] == 3
+
+
+def test_label_set_inferred_checked_and_recorded(spark, tmp_path):
+    """label_set: infer keeps labels with min_class_count rows and quarantines rarer ones
+    (reason rare_label); a file that does not describe the export, or an export with one
+    class, fails with a message naming the problem; the set is published as labels.json."""
+    import json
+
+    rows = ([(f"a{i}", f"where is my card {i}", "Card Arrival", "[]", TS, None) for i in range(4)]
+            + [(f"b{i}", f"I lost my card {i}", "lost-or-stolen-card", "[]", TS, None) for i in range(4)]
+            + [("c0", "how old must I be", "age_limit", "[]", TS, None)])
+    path = tmp_path / "raw.csv"
+    _write_csv(path, rows)
+    res = clean.run(_cfg(tmp_path, path, **{"clean.label_set": "infer", "clean.min_class_count": 2}),
+                    run_id="r", spark=spark)
+    s = res.manifest["stats"]
+    assert s["labels"] == ["card_arrival", "lost_or_stolen_card"] and s["rare_labels"] == ["age_limit"]
+    assert s["quarantine_by_reason"] == {"rare_label": 1} and s["kept"] == 8
+    assert s["label_counts"] == {"card_arrival": 4, "lost_or_stolen_card": 4}
+    assert json.loads((Path(res.path) / "labels.json").read_text()) == s["labels"]
+
+    other = tmp_path / "labels.json"
+    other.write_text(json.dumps(["balance", "transfer", "card_arrival"]))
+    with pytest.raises(StageError, match="not in .*labels.json.*'lost_or_stolen_card' \\(4\\).*label_set: infer"):
+        clean.run(_cfg(tmp_path, path, **{"clean.labels_file": str(other)}), run_id="r2", spark=spark)
+    _write_csv(path, rows[:4])
+    with pytest.raises(StageError, match="cannot infer a label set: 1 distinct labels"):
+        clean.run(_cfg(tmp_path, path, **{"clean.label_set": "infer", "clean.min_class_count": 2}),
+                  run_id="r3", spark=spark)
+    with pytest.raises(StageError, match="carry 1 label"):
+        clean.run(_cfg(tmp_path, path), run_id="r4", spark=spark)
 
 
 def test_jvm_nfkc_matches_python_on_every_code_point(spark):

@@ -87,9 +87,9 @@ def test_the_trigger_form_is_the_configs(dagbag):
     from core import params
 
     dag = dagbag.dags["intentops_pipeline"]
-    assert list(dag.params.keys()) == list(params.ALIASES)
+    assert list(dag.params.keys()) == [params.CONFIG_FILE, *params.ALIASES]
     form = params.form()
-    for name in params.ALIASES:
+    for name in form:
         p = dag.params.get_param(name)
         assert p.value is None  # empty: the configured value
         schema = {k: v for k, v in form[name].items() if k not in ("default", "description")}
@@ -149,3 +149,33 @@ def _airflow_env():
     env = dict(os.environ)
     env.setdefault("AIRFLOW_HOME", tempfile.mkdtemp(prefix="airflow_home_"))
     return env
+
+
+def test_a_stage_verdict_fails_the_task_at_once_with_the_reason(dagbag, monkeypatch, tmp_path):
+    """A refused registration (or any verdict that stops the run) is a failed task whose
+    error is the reason, not a retried error and never a green task."""
+    from airflow.sdk.exceptions import AirflowFailException
+
+    from core import stages
+    from core.config import load_config
+    from core.runs import save_run_config
+    from core.stage import StageResult, StageVerdict
+
+    cfg_path = save_run_config(load_config(overrides={"lake_root": str(tmp_path)}), "r1")
+    seen = []
+
+    class Refusing:
+        name = "register"
+
+        def run(self, cfg, run_id):
+            seen.append(run_id)
+            return StageResult("register", "k", str(tmp_path), False, {"stats": {}})
+
+        def verdict(self, cfg, result):
+            raise StageVerdict("not registered: test_accuracy 0.41 does not beat champion v3 (0.93)")
+
+    monkeypatch.setattr(stages, "get", lambda name: Refusing())
+    task = dagbag.dags["intentops_pipeline"].get_task("register")
+    with pytest.raises(AirflowFailException, match="does not beat champion v3"):
+        task.python_callable(cfg_path, "r1")
+    assert seen == ["r1"]

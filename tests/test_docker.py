@@ -595,7 +595,7 @@ def test_the_dag_reaches_spark_mlflow_and_the_lake_through_compose_services(work
     assert mlflow.hostname in compose and str(mlflow.port) == option(compose["mlflow"]["command"], "--port")
     assert mlflow.hostname in environment(compose["mlflow"])["MLFLOW_SERVER_ALLOWED_HOSTS"].split(",")
     # The lake is absolute, on the one volume the worker and every Spark worker mount at /data.
-    assert r["lake_root"] == r["lake"] == "/data/lake"
+    assert r["lake_root"] == "/data/lake" and r["lake"] == "/data/lake/banking77"
     mounts = {}
     for svc in ("airflow-worker", "spark-worker-1", "spark-worker-2"):
         found = [v.split(":") for v in compose[svc]["volumes"] if r["lake"].startswith(v.split(":")[1] + "/")]

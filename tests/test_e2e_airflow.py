@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+import yaml
 from conftest import ROOT
 
 from core import stage
@@ -31,20 +32,22 @@ def airflow_env(tmp_path_factory, project_env, mlflow_server):
         INTENTOPS__LAKE_ROOT=str(base / "lake"),
         INTENTOPS__SPARK__DRIVER_MEMORY="2g",
         MLFLOW_TRACKING_URI=mlflow_server,
-        INTENTOPS__TRAINING__MIN_FUNCTIONALITY="0",
-        INTENTOPS__TRAINING__MIN_INVARIANCE="0",
-        # 40 steps of the small encoder give a near-chance model (test accuracy ~0.08):
-        # its logits are so flat that int8 flips a few of 300 argmaxes and the 99% agreement
-        # gate, built for real models, refuses the build. These tests are about the wiring;
-        # the gate has its own tests in test_export.py.
-        INTENTOPS__EXPORT__MIN_AGREEMENT="0.95",
         INTENTOPS__TRAINING__NPROC_PER_NODE="2",
-        INTENTOPS__DEPLOY__ROOT=str(base / "deploy"),
+        INTENTOPS__DEPLOY__ROOT=str(base / "deploy"),  # <root>/<dataset>/
         INTENTOPS__DEPLOY__ROUTER_PORT="0",
         INTENTOPS__DEPLOY__MIN_REQUESTS="15",
         INTENTOPS__DEPLOY__MIN_PROBES="15",
         INTENTOPS__DEPLOY__POLL_SECONDS="0.5",
     )
+    # The demo runs' config: configs/pipeline.yaml with the model gates opened. 40 steps of
+    # the small encoder give a near-chance model (test accuracy ~0.08) that no behavioural
+    # check passes, and whose logits are so flat that int8 flips a few of 300 argmaxes
+    # (the 99% agreement gate refuses the build). These runs are about the wiring; the
+    # second dataset's run below keeps every gate at its default.
+    demo = yaml.safe_load((ROOT / "configs" / "pipeline.yaml").read_text())
+    demo["training"] = {**demo.get("training", {}), "min_functionality": 0, "min_invariance": 0}
+    demo["export"] = {**demo.get("export", {}), "min_agreement": 0.95}
+    (base / "demo.yaml").write_text(yaml.safe_dump(demo))
     raw = base / "raw"
     subprocess.run([sys.executable, "-m", "demo.builder", "--out", str(raw), "--rows", str(ROWS),
                     "--seed", "3", "--format", "csv"], env=env, cwd=ROOT, check=True, timeout=600)
@@ -58,12 +61,16 @@ def airflow_env(tmp_path_factory, project_env, mlflow_server):
 # The small encoder and a step budget keep each DAG run's training to seconds; the
 # behavioural bar is lowered because 40 steps of a from-scratch model cannot meet it,
 # and this test is about the wiring (the registry gate has its own tests).
+def _demo_config(raw: Path) -> dict[str, str]:
+    return {"config_file": str(raw.parent / "demo.yaml")}
+
+
 TRAIN_CONF = {"model": "small", "epochs": 1, "max_steps": 40, "learning_rate": 0.002,
               "canary_bake_seconds": 3}
 
 
 def _dags_test(env: dict[str, str], raw: Path) -> subprocess.CompletedProcess:
-    conf = json.dumps({"input_path": str(raw / "raw.csv"), **TRAIN_CONF})
+    conf = json.dumps({"input_path": str(raw / "raw.csv"), **TRAIN_CONF, **_demo_config(raw)})
     return subprocess.run(["airflow", "dags", "test", "intentops_pipeline", "--conf", conf],
                           env=env, cwd=ROOT, capture_output=True, text=True, timeout=1200)
 
@@ -79,7 +86,7 @@ def first_run(airflow_env):
     try:
         out = _dags_test(env, raw)
         assert out.returncode == 0, (out.stdout + out.stderr)[-6000:]
-        yield _latest(base / "lake")
+        yield _latest(base / "lake" / "banking77")
     finally:  # the deploy task leaves the model serving, as it should; the test stops it
         subprocess.run([sys.executable, "-m", "ops.cli", "deploy", "stop"], env=env, cwd=ROOT,
                        timeout=120, check=False)
@@ -123,20 +130,20 @@ def test_dag_trains_with_torchrun_and_registers_a_challenger(first_run, airflow_
     client = MlflowClient(env["MLFLOW_TRACKING_URI"])
     run = client.get_run(tr["mlflow_run_id"])
     # Lineage: the data stages and the data-quality record this model trained on.
-    lake = base / "lake"
+    lake = base / "lake" / "banking77"
     assert run.data.tags["intentops.data.labelqa_key"] == stage.upstream(lake, run_name, "labelqa").manifest["key"]
     assert run.data.tags["intentops.data_quality_run_id"] == stages["labelqa"]["mlflow_run_id"]
     assert "train_loss" in run.data.metrics and "test_accuracy" in run.data.metrics
     assert reg["registered"] is True, reg
     # Registered as challenger; the deploy stage then promoted it, so the alias moved on
     # to champion (the deploy test checks that).
-    mv = client.get_model_version_by_alias("intentops-intent-classifier", "champion")
+    mv = client.get_model_version_by_alias("intentops-banking77", "champion")
     assert mv.version == reg["model_version"] and mv.run_id == tr["mlflow_run_id"]
     import mlflow.pyfunc
     import pandas as pd
 
     mlflow.set_tracking_uri(env["MLFLOW_TRACKING_URI"])
-    model = mlflow.pyfunc.load_model("models:/intentops-intent-classifier@champion")
+    model = mlflow.pyfunc.load_model("models:/intentops-banking77@champion")
     out = model.predict(pd.DataFrame({"text": ["I lost my card", "how do I top up?"]}))
     assert list(out.columns) == ["label", "score"] and len(out) == 2
 
@@ -158,7 +165,7 @@ def test_dag_exports_onnx_builds_attached_to_the_registered_version(first_run, a
     report = json.loads((out / "report.json").read_text())
     assert report["parity"]["passed"] and report["parity"]["max_abs_diff"] <= 1e-4
     client = MlflowClient(env["MLFLOW_TRACKING_URI"])
-    mv = client.get_model_version("intentops-intent-classifier", reg["model_version"])
+    mv = client.get_model_version("intentops-banking77", reg["model_version"])
     assert mv.tags["intentops.onnx.int8.status"] == "passed"
     assert json.loads(mv.tags["intentops.onnx.int8.quantization"]).keys() >= {"per_channel", "reduce_range"}
     run = client.get_run(mv.run_id)
@@ -184,7 +191,7 @@ def test_dag_exports_onnx_builds_attached_to_the_registered_version(first_run, a
         assert clf.pre["model_version"] == mv.version  # what serving reports
         preds[b] = clf.predict(texts)[0]
     assert len(preds["int8"]) == 3 and np.mean(np.array(preds["int8"]) == np.array(preds["fp32"])) >= 2 / 3
-    text = (base / "lake" / "runs" / first_run[0] / "summary.txt").read_text()
+    text = (base / "lake" / "banking77" / "runs" / first_run[0] / "summary.txt").read_text()
     assert "int8 build PASSED" in text and "onnx_int8" in text
 
 
@@ -201,19 +208,19 @@ def test_dag_deploys_the_version_behind_the_router(first_run, airflow_env):
     assert d["decision"] == "promoted", d
     assert d["version"] == reg["model_version"] and d["client_failures"] == 0 and d["client_requests"] > 0
     client = MlflowClient(env["MLFLOW_TRACKING_URI"])
-    rm = client.get_registered_model("intentops-intent-classifier")
+    rm = client.get_registered_model("intentops-banking77")
     assert rm.aliases.get("champion") == reg["model_version"]
-    mv = client.get_model_version("intentops-intent-classifier", reg["model_version"])
+    mv = client.get_model_version("intentops-banking77", reg["model_version"])
     assert mv.tags["intentops.deploy.decision"] == "promoted"
     assert f"deploy/v{mv.version}/rollout.png" in {
         a.path for a in client.list_artifacts(mv.run_id, f"deploy/v{mv.version}")}
-    state = json.loads((base / "deploy" / "state.json").read_text())
-    key = (base / "deploy" / "secrets" / "client_keys").read_text().split()[0]
+    state = json.loads((base / "deploy" / "banking77" / "state.json").read_text())
+    key = (base / "deploy" / "banking77" / "secrets" / "client_keys").read_text().split()[0]
     r = httpx.post(f"{state['router']['url']}/v1/predict", json={"text": "my card still has not arrived"},
                    headers={"Authorization": f"Bearer {key}"}, timeout=10)
     assert r.status_code == 200 and r.json()["model_version"] == reg["model_version"]
-    assert "deploy: version" in (base / "lake" / "runs").joinpath(
-        (base / "lake" / "runs" / "LATEST").read_text().strip(), "summary.txt").read_text()
+    assert "deploy: version" in (base / "lake" / "banking77" / "runs").joinpath(
+        (base / "lake" / "banking77" / "runs" / "LATEST").read_text().strip(), "summary.txt").read_text()
 
 
 def test_run_report_renders_with_charts_and_links(first_run, airflow_env, tmp_path):
@@ -228,14 +235,14 @@ def test_run_report_renders_with_charts_and_links(first_run, airflow_env, tmp_pa
     env, base, _ = airflow_env
     run_name, summary = first_run
     stages = {s["stage"]: s for s in summary["stages"]}
-    lake = base / "lake"
+    lake = base / "lake" / "banking77"
     assert (lake / "runs" / run_name / "report.html").is_file()
     with serve(plugin_app(lake)) as url, chromium(tmp_path) as driver:
         seen = check_page(driver, f"{url}/runs/{run_name}/report", ALL_CHARTS, url)
         assert any(link.endswith("/files/validate/data_docs/index.html") for link in seen["links"])
         assert any(link.endswith("/files/labelqa/qa_report.html") for link in seen["links"])
         client = MlflowClient(env["MLFLOW_TRACKING_URI"])
-        mv = client.get_model_version("intentops-intent-classifier", stages["register"]["model_version"])
+        mv = client.get_model_version("intentops-banking77", stages["register"]["model_version"])
         art = f"report/{run_name}/report.html"
         assert art in {a.path for a in client.list_artifacts(mv.run_id, f"report/{run_name}")}
         # The tag names the newest run's report of this version (a rerun adds its own).
@@ -276,10 +283,10 @@ def test_no_planted_personal_data_downstream_of_desensitize(first_run, airflow_e
 
     _, base, raw = airflow_env
     run_name, summary = first_run
-    lake = base / "lake"
+    lake = base / "lake" / "banking77"
     roots = [stage.upstream(lake, run_name, n).path
              for n in ("desensitize", "validate", "labelqa", "train", "register", "export", "deploy")]
-    roots += [base / "airflow" / "logs", lake / "runs" / run_name, base / "deploy" / "logs"]
+    roots += [base / "airflow" / "logs", lake / "runs" / run_name, base / "deploy" / "banking77" / "logs"]
     needles = leakscan.load_needles(raw / "ground_truth")
     assert len(needles) > 100
     assert leakscan.scan(roots, needles) == []
@@ -290,7 +297,7 @@ def test_no_planted_personal_data_downstream_of_desensitize(first_run, airflow_e
 def test_data_stages_meet_quality_targets(first_run, airflow_env):
     _, base, raw = airflow_env
     run_name, _ = first_run
-    lake = base / "lake"
+    lake = base / "lake" / "banking77"
     c = stage.upstream(lake, run_name, "clean")
     d = stage.upstream(lake, run_name, "dedup")
     q = evaluate(raw / "ground_truth", c.path, d.path, 0.8)
@@ -309,7 +316,7 @@ def test_second_run_is_a_cache_hit_with_unchanged_output(first_run, airflow_env)
     before = {k: stage.file_fingerprint(v) for k, v in outputs.items()}
     out = _dags_test(env, raw)
     assert out.returncode == 0, (out.stdout + out.stderr)[-6000:]
-    name, second = _latest(base / "lake")
+    name, second = _latest(base / "lake" / "banking77")
     assert name != first_name
     for s in second["stages"]:
         assert s["cache_hit"], s
@@ -319,7 +326,7 @@ def test_second_run_is_a_cache_hit_with_unchanged_output(first_run, airflow_env)
     from mlflow.tracking import MlflowClient
 
     versions = MlflowClient(env["MLFLOW_TRACKING_URI"]).search_model_versions(
-        "name='intentops-intent-classifier'")
+        "name='intentops-banking77'")
     assert len(versions) == 1
 
 
@@ -344,7 +351,8 @@ def test_gate_failure_is_readable_and_quotes_no_data(first_run, airflow_env):
 def test_pseudonym_mode_without_a_key_fails_the_task_with_the_fix(airflow_env, first_run):
     env, _, raw = airflow_env
     env = {k: v for k, v in env.items() if k != "INTENTOPS_PSEUDONYM_KEY"}
-    conf = json.dumps({"input_path": str(raw / "raw.csv"), "pii_mode": "pseudonym", **TRAIN_CONF})
+    conf = json.dumps({"input_path": str(raw / "raw.csv"), "pii_mode": "pseudonym", **TRAIN_CONF,
+                       **_demo_config(raw)})
     out = subprocess.run(["airflow", "dags", "test", "intentops_pipeline", "--conf", conf],
                          env=env, cwd=ROOT, capture_output=True, text=True, timeout=1200)
     log = out.stdout + out.stderr
@@ -365,11 +373,12 @@ def test_pseudonym_key_from_the_airflow_connection(airflow_env, first_run):
     # tests/test_canary.py runs both limits on (a wrong model is rolled back).
     env["INTENTOPS__DEPLOY__MIN_AGREEMENT"] = "0"
     env["INTENTOPS__DEPLOY__MAX_ACCURACY_DROP"] = "1"
-    conf = json.dumps({"input_path": str(raw / "raw.csv"), "pii_mode": "pseudonym", **TRAIN_CONF})
+    conf = json.dumps({"input_path": str(raw / "raw.csv"), "pii_mode": "pseudonym", **TRAIN_CONF,
+                       **_demo_config(raw)})
     out = subprocess.run(["airflow", "dags", "test", "intentops_pipeline", "--conf", conf],
                          env=env, cwd=ROOT, capture_output=True, text=True, timeout=1200)
     assert out.returncode == 0, (out.stdout + out.stderr)[-6000:]
-    lake = base / "lake"
+    lake = base / "lake" / "banking77"
     name, _ = _latest(lake)
     res = stage.upstream(lake, name, "desensitize")
     assert res.manifest["config"]["desensitize"]["mode"] == "pseudonym"
@@ -379,3 +388,92 @@ def test_pseudonym_key_from_the_airflow_connection(airflow_env, first_run):
     for p in list((base / "airflow" / "logs").rglob("*")) + list(Path(res.path).rglob("*")):
         if p.is_file():
             assert key.encode() not in p.read_bytes(), p
+
+
+# Banking77's 77 intents regrouped into 11 coarser ones: a second dataset with another label
+# set, built from the bundled data the way a user's export looks (one label per message; no
+# ids, annotators, timestamps or channels).
+COARSE = {
+    "card_delivery": ["card_arrival", "card_delivery_estimate", "activate_my_card", "get_physical_card",
+                      "order_physical_card", "getting_spare_card", "card_linking", "card_about_to_expire"],
+    "card_problem": ["card_not_working", "card_swallowed", "lost_or_stolen_card", "compromised_card",
+                     "contactless_not_working", "virtual_card_not_working", "card_acceptance",
+                     "pin_blocked", "change_pin", "lost_or_stolen_phone", "passcode_forgotten"],
+    "virtual_card": ["getting_virtual_card", "get_disposable_virtual_card", "disposable_card_limits"],
+    "top_up": ["automatic_top_up", "pending_top_up", "verify_top_up", "top_up_by_bank_transfer_charge",
+               "top_up_limits", "top_up_reverted", "topping_up_by_card", "top_up_by_cash_or_cheque",
+               "top_up_failed", "top_up_by_card_charge"],
+    "transfer": ["cancel_transfer", "transfer_not_received_by_recipient", "declined_transfer",
+                 "pending_transfer", "transfer_timing", "beneficiary_not_allowed", "transfer_fee_charged",
+                 "receiving_money", "failed_transfer", "transfer_into_account",
+                 "balance_not_updated_after_bank_transfer"],
+    "cash": ["pending_cash_withdrawal", "wrong_amount_of_cash_received", "atm_support",
+             "declined_cash_withdrawal", "wrong_exchange_rate_for_cash_withdrawal",
+             "cash_withdrawal_not_recognised", "cash_withdrawal_charge"],
+    "card_payment": ["card_payment_wrong_exchange_rate", "extra_charge_on_statement", "card_payment_fee_charged",
+                     "card_payment_not_recognised", "direct_debit_payment_not_recognised",
+                     "pending_card_payment", "declined_card_payment", "transaction_charged_twice",
+                     "reverted_card_payment?"],
+    "currencies_and_support": ["exchange_rate", "fiat_currency_support", "exchange_via_app",
+                               "supported_cards_and_currencies", "visa_or_mastercard", "exchange_charge",
+                               "apple_pay_or_google_pay", "country_support"],
+    "identity": ["edit_personal_details", "why_verify_identity", "unable_to_verify_identity",
+                 "verify_source_of_funds", "verify_my_identity", "age_limit"],
+    "refund": ["request_refund", "Refund_not_showing_up"],
+    "account": ["terminate_account", "balance_not_updated_after_cheque_or_cash_deposit"],
+}
+
+
+def test_a_second_dataset_runs_beside_the_demo_to_its_own_promoted_model(airflow_env, first_run,
+                                                                        tmp_path):
+    """A user's own export, with its own label set, runs from one config file to a model
+    promoted under its own name, every gate at its default, while the demo's champion and
+    alias history stay as they were."""
+    from mlflow.tracking import MlflowClient
+
+    env, base, _ = airflow_env
+    group = {intent: g for g, intents in COARSE.items() for intent in intents}
+    categories = json.loads((ROOT / "data" / "banking77" / "categories.json").read_text())
+    assert sorted(group) == sorted(categories)  # every intent in exactly one group
+    train = pd.read_csv(ROOT / "data" / "banking77" / "train.csv")
+    export = train.sample(n=5000, random_state=0)
+    export = pd.DataFrame({"utterance": export.text, "topic": export.category.map(group)})
+    export.to_csv(tmp_path / "coarse.csv", index=False)
+    config = {
+        "dataset": "b77coarse",
+        "input": {"path": str(tmp_path / "coarse.csv"),
+                  "columns": {"id": None, "text": "utterance", "label": "topic", "annotations": None,
+                              "created_at": None, "channel": None}},
+        "clean": {"label_set": "infer"},
+        "training": {"hparams": {"model": "small", "epochs": 4, "lr": 0.002, "batch_size": 32,
+                                 "max_length": 32, "early_stopping_patience": None}},
+        "deploy": {"bake_seconds": 3},
+    }
+    (tmp_path / "coarse.yaml").write_text(yaml.safe_dump(config))
+    client = MlflowClient(env["MLFLOW_TRACKING_URI"])
+    demo = "intentops-banking77"
+    demo_champion = client.get_model_version_by_alias(demo, "champion").version
+    demo_history = client.get_registered_model(demo).tags
+
+    conf = json.dumps({"config_file": str(tmp_path / "coarse.yaml")})
+    try:
+        out = subprocess.run(["airflow", "dags", "test", "intentops_pipeline", "--conf", conf],
+                             env=env, cwd=ROOT, capture_output=True, text=True, timeout=1800)
+        assert out.returncode == 0, (out.stdout + out.stderr)[-6000:]
+        lake = base / "lake" / "b77coarse"
+        name, summary = _latest(lake)
+        stages = {s["stage"]: s for s in summary["stages"]}
+        assert stages["clean"]["quarantined"] == 0 and stages["labelqa"]["suspects"] is not None
+        assert stages["register"]["registered"] and stages["deploy"]["deploy"]["decision"] == "promoted"
+        labels = json.loads((Path(stage.upstream(lake, name, "clean").path) / "labels.json").read_text())
+        assert labels == sorted(COARSE)
+        mv = client.get_model_version_by_alias("intentops-b77coarse", "champion")
+        assert json.loads(mv.tags["intentops.labels"]) == sorted(COARSE)
+        assert client.get_experiment_by_name("intentops-b77coarse-training") is not None
+        assert (base / "deploy" / "b77coarse" / "state.json").is_file()
+        # The demo's model did not move.
+        assert client.get_model_version_by_alias(demo, "champion").version == demo_champion
+        assert client.get_registered_model(demo).tags == demo_history
+    finally:
+        subprocess.run([sys.executable, "-m", "ops.cli", "deploy", "stop", "--config",
+                        str(tmp_path / "coarse.yaml")], env=env, cwd=ROOT, timeout=120, check=False)

@@ -117,13 +117,13 @@ def test_rest_triggered_run_registers_promotes_and_serves(services, api):
     from mlflow.tracking import MlflowClient
 
     client = MlflowClient(tracking_uri=info["mlflow"]["url"])
-    model = client.get_registered_model("intentops-intent-classifier")
-    versions = client.search_model_versions("name='intentops-intent-classifier'")
+    model = client.get_registered_model("intentops-banking77")
+    versions = client.search_model_versions("name='intentops-banking77'")
     assert len(versions) == 1
     assert model.aliases.get("champion") == versions[0].version
     assert client.get_model_version(model.name, versions[0].version).tags["intentops.deploy.decision"] == "promoted"
 
-    key = (base / "deploy" / "secrets" / "client_keys").read_text().split()[0]
+    key = (base / "deploy" / "banking77" / "secrets" / "client_keys").read_text().split()[0]
     r = httpx.post(f"{info['router']['url']}/v1/predict", headers={"Authorization": f"Bearer {key}"},
                    json={"text": "I still have not received my new card"}, timeout=30)
     assert r.status_code == 200, r.text
@@ -133,7 +133,9 @@ def test_rest_triggered_run_registers_promotes_and_serves(services, api):
 def test_backfill_reads_its_days_and_a_second_backfill_is_all_cache_hits(services, api):
     env, base, raw, info = services
     # The day's models must not displace the champion of the test above: an impossible
-    # registration margin has the registry gate reject them (and export and deploy skip).
+    # registration margin has the registry gate reject them. A refused registration is a
+    # failed register task with the reason (export and deploy do not run), so the runs end
+    # failed, not green with no model.
     body = {"dag_id": DAG, "from_date": "2026-11-02T00:00:00Z", "to_date": "2026-11-03T00:00:00Z",
             "max_active_runs": 1,
             # A day holds a few hundred items: the label-QA suspect rate of so small a sample
@@ -154,14 +156,17 @@ def test_backfill_reads_its_days_and_a_second_backfill_is_all_cache_hits(service
                     if r["data_interval_start"][:10] in ("2026-11-02", "2026-11-03")]
             if len(runs) == 2 and all(r["state"] in ("success", "failed") and (r["end_date"] or "") > started
                                       for r in runs):
-                assert all(r["state"] == "success" for r in runs), {r["dag_run_id"]: api.task_states(r["dag_run_id"])
-                                                                    for r in runs}
+                states = {r["dag_run_id"]: api.task_states(r["dag_run_id"]) for r in runs}
+                assert all(r["state"] == "failed" for r in runs), states
+                for s in states.values():
+                    assert s["register"] == "failed" and s["summary"] == "success", s
+                    assert s["export"] == "upstream_failed" and s["report"] == "success", s
                 return sorted(r["dag_run_id"] for r in runs)
             time.sleep(5)
         raise AssertionError("the backfill's runs did not finish")
 
     first = backfill("none")
-    lake = base / "lake"
+    lake = base / "lake" / "banking77"
     days = {}
     for run_id in first:
         cfg = json.loads((run_dir(lake, run_id) / "config.json").read_text())
@@ -190,13 +195,13 @@ def _versions(info: dict) -> list[str]:
     from mlflow.tracking import MlflowClient
 
     client = MlflowClient(tracking_uri=info["mlflow"]["url"])
-    return sorted(v.version for v in client.search_model_versions("name='intentops-intent-classifier'"))
+    return sorted(v.version for v in client.search_model_versions("name='intentops-banking77'"))
 
 
 def test_down_stops_everything_it_started(services):
     env, base, _, info = services
     state = json.loads((base / "services" / "state.json").read_text())
-    deploy_state = json.loads((base / "deploy" / "state.json").read_text())
+    deploy_state = json.loads((base / "deploy" / "banking77" / "state.json").read_text())
     pids = [state[k]["pid"] for k in ("airflow", "mlflow")]
     pids += [p["pid"] for p in deploy_state.values() if isinstance(p, dict) and "pid" in p]
     groups = {p: _pgid(p) for p in pids if psutil.pid_exists(p)}

@@ -96,10 +96,11 @@ def test_an_indirectly_imported_helper_changes_exactly_the_stages_that_import_it
     # training/models.py: train (through training.train, launched by torchrun), register
     # (the predictor) and export (the ONNX build loads the model class).
     assert _changed(tree, "training/models.py") == {"train", "register", "export"}
-    # The text normalization every reader of the label set uses (dedup has its own Spark
-    # version of the key, desensitize and deploy read no labels).
-    assert _changed(tree, "textnorm/__init__.py") == set(stages.NAMES) - {"dedup", "desensitize",
-                                                                          "deploy"}
+    # The text normalization: clean (labels, text), label QA, and training's data reader
+    # (so register and export too); dedup has its own Spark version of the key, and the
+    # later stages read the label set clean published.
+    assert _changed(tree, "textnorm/__init__.py") == {"clean", "labelqa", "train", "register",
+                                                      "export"}
 
 
 def test_shipped_data_files_are_part_of_the_version(tree):
@@ -182,7 +183,7 @@ def test_serving_modules_import_no_pipeline_code():
 
 def test_every_exposed_field_is_in_the_form_with_its_type_and_bounds():
     form = params.form()
-    assert list(form) == list(params.ALIASES)
+    assert list(form) == [params.CONFIG_FILE, *params.ALIASES]
     for alias, key in params.ALIASES.items():
         schema = params.field_schema(key)
         entry = form[alias]
@@ -225,3 +226,24 @@ def test_form_values_override_the_config_and_empty_keeps_it(tmp_path, monkeypatc
     assert cfg.training.hparams.epochs == 2 and cfg.training.hparams.lr == 1e-3
     assert cfg.labelqa.min_alpha == -1
     assert cfg.training.hparams.precision == "bf16"  # the one set of defaults
+
+
+def test_a_dataset_config_file_names_everything_after_the_dataset(tmp_path, monkeypatch):
+    from core.runs import SettingsError, load_run_config, resolve_run_config
+
+    monkeypatch.setenv("INTENTOPS__LAKE_ROOT", str(tmp_path / "lake"))
+    file = tmp_path / "tickets.yaml"
+    file.write_text("dataset: tickets\ninput:\n  path: /data/tickets.jsonl\nclean:\n  label_set: infer\n")
+    path, _ = resolve_run_config("r1", {"config_file": str(file), "epochs": 2})
+    cfg = load_run_config(path)
+    assert cfg.dataset == "tickets" and cfg.lake == tmp_path / "lake" / "tickets"
+    assert cfg.training.registered_model == "intentops-tickets"
+    assert cfg.training.experiment == "intentops-tickets-training"
+    assert cfg.tracking.data_quality_experiment == "intentops-tickets-data-quality"
+    assert cfg.deploy_dir.parts[-2:] == ("deploy", "tickets")
+    assert cfg.clean.label_set == "infer" and cfg.training.hparams.epochs == 2
+    assert path.startswith(str(tmp_path / "lake" / "tickets" / "runs"))
+    with pytest.raises(SettingsError, match="not a safe name"):
+        resolve_run_config("r2", {"dataset": "../etc"})
+    with pytest.raises(SettingsError, match="no such file"):
+        resolve_run_config("r3", {"config_file": str(tmp_path / "missing.yaml")})

@@ -2,7 +2,7 @@
 
 The folder is what training writes to ``OUT/model``: ``model_config.json``, ``model.pt``,
 ``tokenizer.json`` and ``labels.json``. The pyfunc model carries that folder as an
-artifact, so ``mlflow.pyfunc.load_model("models:/intentops-intent-classifier@champion")``
+artifact, so ``mlflow.pyfunc.load_model("models:/intentops-banking77@champion")``
 predicts from text with no training code path (the ONNX export reads the same folder).
 """
 

@@ -1,10 +1,14 @@
-"""The registration stage: behavioural checks on the test split, then the registry gate
-(``training.registry``). Published as a stage keyed by the training output, so a rerun for
-the same training run returns the same decision and never adds a version. The DAG runs it
-in the one-slot pool ``intentops_registry`` (and the gate takes a file lock)."""
+"""The registration stage: behavioural checks (``training.behaviour``) on the dataset's own
+val messages and the user's probes, then the registry gate (``training.registry``).
+Published as a stage keyed by the training output, so a rerun for the same training run
+returns the same decision and never adds a version. The DAG runs it in the one-slot pool
+``intentops_registry`` (and the gate takes a file lock). A model that is not registered
+(a check failed, or it did not beat the champion) is the stage's verdict: ``check`` raises
+``StageVerdict`` with the reason, so the run does not end green without a model."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 from pathlib import Path
@@ -22,6 +26,23 @@ REGISTER = "register"
 TRAIN = "train"
 
 
+def load_probes(cfg: PipelineConfig) -> list[tuple[str, str]] | None:
+    """The configured minimum-functionality probes; None when ``training.probes_file`` is empty."""
+    f = cfg.training.probes_file.strip()
+    return behaviour.load_probes(cfg.resolve_path(f)) if f else None
+
+
+def _probes_digest(cfg: PipelineConfig) -> str | None:
+    """Content hash of the probes file for the stage key (an edited file is a new decision)."""
+    f = cfg.training.probes_file.strip()
+    if not f:
+        return None
+    try:
+        return hashlib.sha256(cfg.resolve_path(f).read_bytes()).hexdigest()
+    except OSError:
+        return "unreadable"  # load_probes raises with the reason
+
+
 def run(cfg: PipelineConfig, run_id: str) -> stage.StageResult:
     tr = stage.upstream(cfg.lake, run_id, TRAIN)
     qa = stage.upstream(cfg.lake, run_id, "labelqa")
@@ -29,17 +50,25 @@ def run(cfg: PipelineConfig, run_id: str) -> stage.StageResult:
     inputs = {"train": {"key": tr.manifest["key"]}}
     stage_cfg = {"model": t.registered_model, "metric": t.metric, "margin": t.margin,
                  "min_invariance": t.min_invariance, "min_functionality": t.min_functionality,
-                 "behaviour_sample": t.behaviour_sample}
+                 "behaviour_sample": t.behaviour_sample, "min_placeholder_share": t.min_placeholder_share,
+                 "probes_file": t.probes_file, "probes_sha256": _probes_digest(cfg)}
     code = stages.code_version(REGISTER)
 
     def work(out: Path) -> dict[str, Any]:
         stats = tr.manifest["stats"]
+        probes = load_probes(cfg)  # a malformed file fails here, before the model loads
         predictor = Predictor(Path(tr.path) / "model")
+        if probes:
+            behaviour.check_probe_labels(probes, predictor.labels, t.probes_file)
+        # Invariances on the val split (test stays for the metric); whether the placeholder
+        # invariance applies is decided by the train split the model learned from.
         cur = pd.read_parquet(Path(qa.path) / "curated", columns=["text", "split"])
-        test = cur[cur.split == "test"].text
-        sample = test.sample(min(len(test), t.behaviour_sample), random_state=0).tolist()
-        checks = behaviour.run_checks(predictor.labels_of, sample, predictor.labels,
-                                      t.min_invariance, t.min_functionality)
+        checks = behaviour.check_dataset(
+            predictor.labels_of, cur, predictor.labels, probes=probes, sample=t.behaviour_sample,
+            min_placeholder_share=t.min_placeholder_share, min_invariance=t.min_invariance,
+            min_functionality=t.min_functionality)
+        for s in checks["skipped"]:
+            log.info("behavioural check %s %s", s["name"], s["note"])
         (out / "behaviour.json").write_text(json.dumps(checks, indent=2))
         client = tracking.mlflow_client(cfg)
         rid = stats["mlflow_run_id"]
@@ -51,16 +80,22 @@ def run(cfg: PipelineConfig, run_id: str) -> stage.StageResult:
             client, t.registered_model, stats["model_uri"], rid,
             fingerprint=f"{tr.manifest['key']}:{rid}", metrics=metrics, checks=checks,
             metric=t.metric, margin=t.margin, lock_path=cfg.lake / ".registry.lock",
-            labels=predictor.labels)
+            labels=predictor.labels, tracking_uri=tracking.tracking_uri(cfg))
         (out / "decision.json").write_text(json.dumps(decision, indent=2))
         log.info("registration: %s", decision["reason"])
-        return {"rows_in": None, "kept": None, **decision, "checks_passed": checks["passed"]}
+        return {"rows_in": None, "kept": None, **decision, "checks_passed": checks["passed"],
+                "checks_skipped": [f"{s['name']}: {s['note']}" for s in checks["skipped"]]}
 
     return stage.run_stage(REGISTER, cfg.lake, inputs, stage_cfg, code, work, run_id)
 
 
 def check(cfg: PipelineConfig, result: stage.StageResult) -> str:
+    """One line when the model was registered; else ``StageVerdict`` with the reason."""
     s = result.manifest["stats"]
+    skipped = s.get("checks_skipped") or []
+    note = f" (checks skipped: {'; '.join(skipped)})" if skipped else ""
     if s["registered"]:
-        return f"registered {s['version']} as challenger: {s['reason']}"
-    return f"not registered (run tagged rejected): {s['reason']}"
+        return f"registered {s['version']} as challenger: {s['reason']}{note}"
+    raise stage.StageVerdict(
+        f"model not registered (training run tagged rejected): {s['reason']}{note}; "
+        f"checks and decision in {result.path}")

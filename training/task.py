@@ -21,7 +21,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from core import stage, stages, tracking
+from core import runs, stage, stages, tracking
 from core.config import PROJECT_ROOT, PipelineConfig
 
 log = logging.getLogger(__name__)
@@ -85,10 +85,45 @@ def _log_model(cfg: PipelineConfig, mlflow_run_id: str, model_dir: Path) -> str:
     return info.model_uri
 
 
+def refuse_label_change(cfg: PipelineConfig, labels: list[str]) -> None:
+    """Raise ``StageVerdict`` when ``labels`` differ from the label set of the registered
+    model's ``champion``: such a model could never be registered (``training.registry``),
+    so the run stops before it spends any training time."""
+    from training import registry
+
+    name = cfg.training.registered_model
+    change = registry.champion_label_change(tracking.mlflow_client(cfg), name, labels,
+                                            tracking.tracking_uri(cfg))
+    if change is None:
+        return
+    raise stage.StageVerdict(
+        f"training refused: this run's label set differs from that of champion "
+        f"v{change.champion_version} of the registered model {name!r}: {change.description}. "
+        "A registered model keeps one label set (metrics over different sets do not compare, "
+        "and serving clients expect the champion's classes). To proceed, either give this "
+        f"dataset its own name (config key `dataset`, now {cfg.dataset!r}: the model is then "
+        "registered as intentops-<dataset>, unless training.registered_model is set), or "
+        f"retire the old model first (remove the champion alias of {name!r}, or delete that "
+        "registered model, in MLflow)")
+
+
+def preflight(cfg: PipelineConfig, labels: list[str]) -> None:
+    """What would refuse this model at registration, checked before training: a label set
+    other than the champion's, and probes (``training.probes_file``) outside the label set."""
+    from training import behaviour
+
+    refuse_label_change(cfg, labels)
+    if cfg.training.probes_file.strip():
+        probes = behaviour.load_probes(cfg.resolve_path(cfg.training.probes_file))
+        behaviour.check_probe_labels(probes, labels, cfg.training.probes_file)
+
+
 def run(cfg: PipelineConfig, run_id: str) -> stage.StageResult:
     qa = stage.upstream(cfg.lake, run_id, "labelqa")
     hp = cfg.training.hparams  # validated with the config, before any stage ran
-    labels_file = cfg.resolve_path(cfg.clean.labels_file)
+    labels_file = runs.run_labels_file(cfg.lake, run_id)  # the label set clean published
+    # Before the MLflow run and torchrun: refuse what registration would refuse anyway.
+    preflight(cfg, runs.run_labels(cfg.lake, run_id))
     t = cfg.training
     inputs = {"labelqa": {"key": qa.manifest["key"]}}
     stage_cfg = {"hparams": hp.model_dump(), "nproc_per_node": t.nproc_per_node, "nnodes": t.nnodes,

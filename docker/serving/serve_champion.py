@@ -7,7 +7,7 @@ The long-lived model server of the scaled-out shape (docker/compose.yaml, servic
 ``model-server``). It
 
 1. waits until the registered model (``INTENTOPS_REGISTERED_MODEL``, default
-   ``intentops-intent-classifier``) has the alias and that version's int8 build passed its
+   ``intentops-banking77``) has the alias and that version's int8 build passed its
    gate: the export stage tags the version with ``intentops.onnx.int8.status`` and
    ``intentops.onnx.int8.model_uri``; a version whose build failed is never served;
 2. starts ``python -m deploy.server --model-uri <the build> --host --port ...`` (the server
@@ -93,7 +93,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--poll-seconds", type=float, default=30.0)
     ap.add_argument("server_args", nargs="*", help="passed to deploy.server (after --)")
     args = ap.parse_args(argv)
-    name = os.environ.get("INTENTOPS_REGISTERED_MODEL", "intentops-intent-classifier")
+    name = os.environ.get("INTENTOPS_REGISTERED_MODEL", "intentops-banking77")
     key = first_key()
     if not os.environ.get("MLFLOW_TRACKING_URI"):
         raise SystemExit("MLFLOW_TRACKING_URI is not set: the builds come from the MLflow registry")

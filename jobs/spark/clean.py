@@ -11,6 +11,7 @@ or:           intentops clean --set input.path=data.csv
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -27,6 +28,7 @@ if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame, SparkSession
 
 STAGE = "clean"
+LABELS_FILE = "labels.json"  # the run's label set, which every later stage reads
 ANNOTATIONS_SCHEMA = "array<struct<annotator:string,label:string>>"
 
 # Reject reasons, in the order they are checked: a row gets the first that applies.
@@ -38,6 +40,7 @@ REASONS = (
     "too_short",
     "too_long",
     "missing_label",
+    "rare_label",  # label_set: infer, and the label occurs fewer than min_class_count times
     "unknown_label",  # not in the label set even after normalization
     "bad_annotations",  # annotations present but not a JSON list of {annotator, label}
     "bad_timestamp",
@@ -90,7 +93,8 @@ def normalize_label_col(col: Column) -> Column:
     return F.when(out == "", None).otherwise(out)
 
 
-def clean_frame(raw: DataFrame, labels: list[str], cfg: CleanConfig) -> DataFrame:
+def clean_frame(raw: DataFrame, labels: list[str], cfg: CleanConfig,
+                rare: list[str] | None = None) -> DataFrame:
     """Flag every row of a canonical raw frame (see ``common.read_raw``).
 
     Returns all rows, normalized, with ``reason`` and ``detail`` (null when the row is
@@ -147,6 +151,12 @@ def clean_frame(raw: DataFrame, labels: list[str], cfg: CleanConfig) -> DataFram
             F.format_string("length %d > max_chars %d", F.col("norm_len"), F.lit(cfg.max_chars)),
         ),
         ("missing_label", F.col("norm_label").isNull(), F.lit("no label")),
+        (
+            "rare_label",
+            F.array_contains(F.array(*[F.lit(x) for x in sorted(rare or [])] or [F.lit(None).cast("string")]),
+                             F.col("norm_label")),
+            F.lit(f"fewer than {cfg.min_class_count} rows carry this label (clean.min_class_count)"),
+        ),
         (
             "unknown_label",
             ~F.array_contains(label_set, F.col("norm_label")),
@@ -254,10 +264,51 @@ def load_labels(cfg: PipelineConfig) -> list[str]:
     return textnorm.load_label_set(cfg.resolve_path(cfg.clean.labels_file))
 
 
+def label_counts(raw: DataFrame) -> dict[str, int]:
+    """Rows per normalized label in the export (rows without a label are not counted)."""
+    from pyspark.sql import functions as F
+
+    counted = (raw.select(normalize_label_col(F.col("label")).alias("l")).where(F.col("l").isNotNull())
+               .groupBy("l").count().collect())
+    return {r["l"]: r["count"] for r in counted}
+
+
+def infer_labels(counts: dict[str, int], min_count: int, src: str) -> tuple[list[str], list[str]]:
+    """The label set of ``label_set: infer``: labels with at least ``min_count`` rows, and
+    the rarer ones (their rows are quarantined). Fewer than two labels is an error."""
+    labels = sorted(k for k, n in counts.items() if n >= min_count)
+    rare = sorted(k for k, n in counts.items() if n < min_count)
+    if len(labels) < 2:
+        raise stage.StageError(
+            f"{src}: cannot infer a label set: {len(counts)} distinct labels, "
+            f"{len(labels)} with at least {min_count} rows (clean.min_class_count); a classifier "
+            f"needs two or more ({', '.join(f'{k} {n}' for k, n in sorted(counts.items())[:10])})")
+    return labels, rare
+
+
+def check_label_fit(checked: DataFrame, by_reason: dict[str | None, int], total: int, src: str,
+                    labels_file: str) -> None:
+    """A label file that does not describe the export fails with what does not match:
+    when most labelled rows have labels missing from it. (Counted from the reasons already
+    computed; the labels are looked up only on that failure.)"""
+    from pyspark.sql import functions as F
+
+    unknown = by_reason.get("unknown_label", 0)
+    labelled = total - by_reason.get("missing_label", 0)
+    if labelled and unknown > labelled / 2:
+        top = (checked.where(F.col("reason") == "unknown_label").groupBy("norm_label").count()
+               .orderBy(F.desc("count")).limit(5).collect())
+        names = ", ".join(f"{r['norm_label']!r} ({r['count']})" for r in top)
+        raise stage.StageError(
+            f"{src}: {unknown:,} of {labelled:,} labelled rows have labels that are not in "
+            f"{labels_file} (most common: {names}); is it this export's label set? Point "
+            f"clean.labels_file at the right file, or set clean.label_set: infer")
+
+
 def run(cfg: PipelineConfig, run_id: str | None = None, spark: SparkSession | None = None):
     src = cfg.resolve_path(cfg.input.path)
     fmt = common.detect_format(str(src), cfg.input.format)
-    labels = load_labels(cfg)
+    labels = load_labels(cfg) if cfg.clean.label_set == "file" else None
     if cfg.input.partitions:  # a scheduled run's days: its key covers those days only
         inputs: dict[str, Any] = {
             "raw": {
@@ -272,7 +323,7 @@ def run(cfg: PipelineConfig, run_id: str | None = None, spark: SparkSession | No
     stage_cfg = {
         "input": cfg.input.model_dump(exclude={"path"}),
         "clean": cfg.clean.model_dump(),
-        "labels": sorted(labels),
+        "labels": sorted(labels) if labels is not None else "infer",
     }
 
     def work(out: Path) -> dict[str, Any]:
@@ -280,7 +331,12 @@ def run(cfg: PipelineConfig, run_id: str | None = None, spark: SparkSession | No
 
         session = spark or common.get_spark(cfg, "intentops-clean")
         raw = common.read_raw(session, cfg, str(src))
-        checked = clean_frame(raw, labels, cfg.clean).persist(StorageLevel.MEMORY_AND_DISK)
+        if labels is None:  # one more pass over the export, in infer mode only
+            run_labels, rare = infer_labels(label_counts(raw), cfg.clean.min_class_count, str(src))
+        else:
+            run_labels, rare = labels, []
+        (out / LABELS_FILE).write_text(json.dumps(run_labels, indent=1))
+        checked = clean_frame(raw, run_labels, cfg.clean, rare).persist(StorageLevel.MEMORY_AND_DISK)
         reused = reused_ids(checked).persist(StorageLevel.MEMORY_AND_DISK)
         try:
             flagged = flag_duplicate_ids(checked, common.broadcast_if_small(reused))
@@ -291,8 +347,17 @@ def run(cfg: PipelineConfig, run_id: str | None = None, spark: SparkSession | No
             if total == 0:
                 raise stage.StageError(f"{src}: input has no records")
             kept_n = by_reason.pop(None, 0)
+            if labels is not None:
+                check_label_fit(checked, by_reason, total, str(src), cfg.clean.labels_file)
             kept_view(flagged).write.parquet(str(out / "kept"))
             quarantine_view(flagged).write.parquet(str(out / "quarantine"))
+            # Rows per label of what passed (one column of the written output: cheap).
+            kept_labels = {r["label"]: r["count"] for r in
+                           session.read.parquet(str(out / "kept")).groupBy("label").count().collect()}
+            if len(kept_labels) < 2:
+                raise stage.StageError(
+                    f"{src}: the rows that pass cleaning carry {len(kept_labels)} label(s) "
+                    f"({', '.join(map(str, kept_labels)) or 'none'}); a classifier needs two or more")
         finally:
             checked.unpersist()
             reused.unpersist()
@@ -306,6 +371,10 @@ def run(cfg: PipelineConfig, run_id: str | None = None, spark: SparkSession | No
             "quarantined": quarantined,
             "quarantine_by_reason": {r: by_reason.get(r, 0) for r in REASONS if by_reason.get(r)},
             "input_path": str(src),
+            "label_set": cfg.clean.label_set,
+            "labels": run_labels,
+            "rare_labels": rare,
+            "label_counts": dict(sorted(kept_labels.items())),
         }
 
     return stage.run_stage(STAGE, cfg.lake, inputs, stage_cfg, stages.code_version(STAGE), work, run_id)
