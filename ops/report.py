@@ -547,11 +547,15 @@ def _register(v: StageView, link: _Links) -> str:
     r = v.row
     verdict = (f"registered as version {r['model_version']}" if r.get("registered") else "rejected")
     out = [f"<p>Registry gate: <b>{_e(verdict)}</b>: {_e(r.get('registration_reason'))}</p>"]
-    checks = (v.json("behaviour.json") or {}).get("checks") or []
-    if checks:
+    behaviour = v.json("behaviour.json") or {}
+    checks = behaviour.get("checks") or []
+    rows = [[c["name"], c["rate"], c["threshold"], "pass" if c["passed"] else "FAIL", c.get("items")]
+            for c in checks]
+    # Checks that do not apply to this dataset say so, with the reason.
+    rows += [[s["name"], "-", "-", s["note"], "-"] for s in behaviour.get("skipped") or []]
+    if rows:
         out.append("<h3>Behavioural checks</h3>" + _table(
-            [[c["name"], c["rate"], c["threshold"], "pass" if c["passed"] else "FAIL", c.get("items")]
-             for c in checks], ["check", "rate", "threshold", "result", "items"], {1, 2, 4}))
+            rows, ["check", "rate", "threshold", "result", "items"], {1, 2, 4}))
     out.append(f"<p>{link('register', 'decision.json', 'Decision')}</p>")
     return "".join(out)
 
