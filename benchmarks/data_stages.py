@@ -135,7 +135,9 @@ def main() -> None:
                    str(tree / "jobs" / "spark" / f"{name}.py"), *sets, "--run-id", run_id]
             res = run_measured(cmd, tree_env)
             res.pop("stdout")
-            pointer = json.loads((lake_rep / "runs" / run_id / f"{name}.json").read_text())
+            # <lake_root>/<dataset>/runs/ (a baseline checkout from before datasets: <lake_root>/runs/)
+            found = sorted(lake_rep.glob(f"*/runs/{run_id}/{name}.json")) or [lake_rep / "runs" / run_id / f"{name}.json"]
+            pointer = json.loads(found[0].read_text())
             stats = pointer["manifest"]["stats"]
             rep_res[name] = res | {
                 "stage_s": pointer["manifest"]["timings"]["seconds"],

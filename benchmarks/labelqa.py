@@ -62,7 +62,7 @@ def main() -> None:
         lake = (ROOT / args.out / f"lqlake-{tag}").resolve()
         sets = ["--set", f"input.path={raw / 'raw.parquet'}", "--set", f"lake_root={lake}"]
         run_id = "lq"
-        if not (args.reuse and (lake / "runs" / run_id / "validate.json").exists()):
+        if not (args.reuse and (lake / "banking77" / "runs" / run_id / "validate.json").exists()):
             shutil.rmtree(lake, ignore_errors=True)
             run_measured([*cli, "build-raw", "--out", str(raw), "--rows", str(args.rows), "--seed",
                           str(args.seed), "--format", "parquet", "--label-error-rate", str(rate)], env)
@@ -70,13 +70,14 @@ def main() -> None:
                 run_measured([*cli, name, *sets, "--run-id", run_id], env)
         runs = []
         for _ in range(args.repeats):
-            shutil.rmtree(lake / "labelqa", ignore_errors=True)
+            shutil.rmtree(lake / "banking77" / "labelqa", ignore_errors=True)
             # The gate is not under test here (alpha falls with the noise level on purpose).
             res = run_measured([*cli, "labelqa", *sets, "--set", "labelqa.min_alpha=-1",
                                 "--run-id", run_id], env)
             res.pop("stdout")
             runs.append(res)
-        pointer = json.loads((lake / "runs" / run_id / "labelqa.json").read_text())
+        # <lake_root>/<dataset>/runs/...
+        pointer = json.loads((lake / "banking77" / "runs" / run_id / "labelqa.json").read_text())
         scores = labelqa_scores(raw / "ground_truth", pointer["path"])
         results["levels"][str(rate)] = {
             "wall_s_median": statistics.median(r["wall_s"] for r in runs),

@@ -115,7 +115,7 @@ def main() -> None:
             run = api.wait_runs([run_id], timeout=3 * 3600, poll=2)[run_id]
             wall = time.perf_counter() - t0
             tis = api.task_instances(run_id)
-            summary = json.loads((run_dir(base / "lake", run_id) / "summary.json").read_text())
+            summary = json.loads((run_dir(base / "lake" / "banking77", run_id) / "summary.json").read_text())
             deploy = tis.get("deploy", {})
             runs.append({
                 "run": label, "run_id": run_id, "state": run["state"],

@@ -74,16 +74,6 @@ def labels_digest(labels: list[str]) -> str:
     return hashlib.sha256(json.dumps(list(labels)).encode()).hexdigest()
 
 
-def champion_labels(client, name: str) -> str | None:
-    """The sha256 of the champion's label list, if it has a champion with that tag."""
-    from mlflow.exceptions import MlflowException
-
-    try:
-        return client.get_model_version_by_alias(name, "champion").tags.get(LABELS_TAG)
-    except MlflowException:
-        return None
-
-
 def label_tags(labels: list[str]) -> dict[str, str]:
     """Version tags for a label list: the digest, and the JSON list when it fits a tag."""
     value = json.dumps(list(labels))
