@@ -340,9 +340,13 @@ def run(cfg: PipelineConfig, run_id: str | None = None, spark: SparkSession | No
         reused = reused_ids(checked).persist(StorageLevel.MEMORY_AND_DISK)
         try:
             flagged = flag_duplicate_ids(checked, common.broadcast_if_small(reused))
-            by_reason = {
-                r["reason"]: r["count"] for r in flagged.groupBy("reason").count().collect()
-            }
+            # One pass counts rows per reason and, for kept rows, per label.
+            by_reason: dict[str | None, int] = {}
+            kept_labels: dict[str, int] = {}
+            for r in flagged.groupBy("reason", "norm_label").count().collect():
+                by_reason[r["reason"]] = by_reason.get(r["reason"], 0) + r["count"]
+                if r["reason"] is None:
+                    kept_labels[r["norm_label"]] = r["count"]
             total = sum(by_reason.values())
             if total == 0:
                 raise stage.StageError(f"{src}: input has no records")
@@ -351,9 +355,6 @@ def run(cfg: PipelineConfig, run_id: str | None = None, spark: SparkSession | No
                 check_label_fit(checked, by_reason, total, str(src), cfg.clean.labels_file)
             kept_view(flagged).write.parquet(str(out / "kept"))
             quarantine_view(flagged).write.parquet(str(out / "quarantine"))
-            # Rows per label of what passed (one column of the written output: cheap).
-            kept_labels = {r["label"]: r["count"] for r in
-                           session.read.parquet(str(out / "kept")).groupBy("label").count().collect()}
             if len(kept_labels) < 2:
                 raise stage.StageError(
                     f"{src}: the rows that pass cleaning carry {len(kept_labels)} label(s) "
