@@ -235,6 +235,9 @@ class TrainingHParams(_Section):
     num_threads: int | None = Field(None, ge=1, description="Torch threads per process; empty: cores // world size.")
     dropout: float = Field(0.1, ge=0, lt=1)
     eval_batch_size: int | None = Field(None, ge=1, description="Empty: 2 * batch_size.")
+    length_grouping: int = Field(
+        50, ge=0, description="Batches of similar length: each run of this many batches of the "
+        "shuffled order is sorted by length, then the batches are shuffled (0: off).")
 
 
 class TrainingConfig(_Section):

@@ -30,7 +30,8 @@ def evaluate(model: nn.Module, ds: EncodedDataset, ctx: DistContext, cfg: TrainC
 
     if len(ds) == 0:
         return None
-    shard = list(range(ctx.rank, len(ds), ctx.world_size))
+    # Scored shortest first: batches of similar length carry little padding.
+    shard = sorted(range(ctx.rank, len(ds), ctx.world_size), key=lambda i: len(ds.ids[i]))
     loader = DataLoader(ds, batch_size=cfg.eval_batch_size or 2 * cfg.batch_size, sampler=shard,
                         collate_fn=collate, generator=torch.Generator())
     was_training = model.training

@@ -22,7 +22,7 @@ from torch.utils.data import DataLoader, DistributedSampler
 
 from training import checkpoint as ckpt
 from training.config import TrainConfig
-from training.data import EncodedDataset, PadCollate
+from training.data import EncodedDataset, PadCollate, group_by_length
 from training.distributed import DistContext, all_gather, barrier
 from training.mlflow_log import Tracker
 from training.outputs import trim_history
@@ -81,6 +81,10 @@ class Run:
     tracker: Tracker | None = None  # rank 0 with --mlflow-run-id only
 
     @property
+    def lengths(self) -> list[int]:
+        return [len(ids) for ids in self.ds["train"].ids]
+
+    @property
     def ckpt_dir(self) -> Path:
         return self.out / "checkpoints"
 
@@ -91,7 +95,9 @@ class Run:
     def batches(self, epoch: int, skip: int) -> Iterator[Any]:
         """This rank's train batches of ``epoch``, the first ``skip`` left out (a resume)."""
         self.sampler.set_epoch(epoch)
-        order = list(self.sampler)[skip * self.cfg.batch_size:]
+        order = group_by_length(list(self.sampler), self.lengths, self.cfg.batch_size,
+                                self.cfg.length_grouping, self.cfg.seed * 100003 + epoch)
+        order = order[skip * self.cfg.batch_size:]
         # A private generator: a DataLoader iterator otherwise draws its base seed from the
         # global torch RNG, which would shift every dropout mask after a resume.
         return iter(DataLoader(self.ds["train"], batch_size=self.cfg.batch_size, sampler=order,
