@@ -73,7 +73,7 @@ from training.mlflow_log import Tracker as Tracker
 from training.mlflow_log import TrackingError, log_outputs, open_tracker
 from training.mlflow_log import _transient as _transient
 from training.models import build_model
-from training.optim import WarmupLinearDecay, autocast, param_groups
+from training.optim import WarmupLinearDecay, adamw, autocast, param_groups
 from training.outputs import log_step, write_json, write_outputs
 from training.outputs import trim_history as _trim_history  # noqa: F401
 from training.outputs import write_json as _write_json  # noqa: F401
@@ -136,7 +136,7 @@ def setup(args: argparse.Namespace, cfg: TrainConfig, ctx: DistContext, started:
     total = cfg.epochs * steps_per_epoch
     total_steps = min(total, cfg.max_steps) if cfg.max_steps else total
     warmup = round(cfg.warmup_ratio * total_steps)
-    optimizer = torch.optim.AdamW(param_groups(model, cfg.weight_decay), lr=cfg.lr)
+    optimizer = adamw(param_groups(model, cfg.weight_decay), cfg.lr)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer,
                                                   WarmupLinearDecay(warmup, total_steps))
     return Run(cfg=cfg, ctx=ctx, out=Path(args.out), started=started, labels=labels, ds=ds,
