@@ -289,6 +289,9 @@ class ExportConfig(_Section):
     # int8 gate, against the fp32 build on the test split.
     max_accuracy_drop: float = Field(0.005, ge=0.0, le=1.0)
     min_agreement: float = Field(0.99, ge=0.0, le=1.0)
+    # The int8 build's out-of-scope decisions (the stored reject threshold applied to its
+    # own scores) must agree with the fp32 build's on this share of test rows.
+    min_oos_agreement: float = Field(0.99, ge=0.0, le=1.0)
     # Quantization candidates measured on the machine the task runs on: ORT transformer
     # fusions ("none" = the plain export, "full", "no_attention") x per-channel x
     # reduce-range. The fastest at batch 32 among those passing the gate ships.
@@ -359,6 +362,25 @@ class SparkConfig(_Section):
 DATASET_RE = re.compile(r"[a-z][a-z0-9_-]{0,39}")
 
 
+class OosConfig(_Section):
+    """Out-of-scope requests: the dataset's out-of-scope label, if it has one, and the
+    reject threshold on the model's confidence (``contract.reject``), calibrated on the
+    validation split and stored in the build."""
+
+    label: str | None = Field(
+        None, description="The label of out-of-scope messages in the data (e.g. oos; matched "
+        "after label normalization, like every label); empty: "
+        "the label set has none, and a message below the threshold is answered with no label")
+    target_in_scope_recall: float = Field(
+        0.97, gt=0, le=1, description="Share of in-scope validation messages the threshold "
+        "must keep answering in scope")
+    min_calibration_rows: int = Field(
+        200, ge=10, description="In-scope validation messages needed to calibrate; fewer: no threshold")
+    max_recall_drop: float = Field(
+        0.02, ge=0, le=1, description="Registry and canary gates: the out-of-scope recall a "
+        "challenger may lose against the champion (when the label set has the label)")
+
+
 class PipelineConfig(_Section):
     # The dataset this config describes. The lake prefix (<lake_root>/<dataset>/), the
     # registered model name, the MLflow experiments and the deployment folder follow from
@@ -375,6 +397,7 @@ class PipelineConfig(_Section):
     labelqa: LabelQAConfig = Field(default_factory=LabelQAConfig)
     tracking: TrackingConfig = Field(default_factory=TrackingConfig)
     training: TrainingConfig = Field(default_factory=TrainingConfig)
+    oos: OosConfig = Field(default_factory=OosConfig)
     export: ExportConfig = Field(default_factory=ExportConfig)
     deploy: DeployConfig = Field(default_factory=DeployConfig)
     spark: SparkConfig = Field(default_factory=SparkConfig)

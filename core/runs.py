@@ -134,6 +134,10 @@ def stage_row(result: StageResult) -> dict[str, Any]:
         "mlflow_run_id": stats.get("mlflow_run_id"),
         "test_accuracy": stats.get("test_accuracy"),
         "test_macro_f1": stats.get("test_macro_f1"),
+        "test_in_scope_accuracy": stats.get("test_in_scope_accuracy"),
+        "test_oos_recall": stats.get("test_oos_recall"),
+        "test_oos_precision": stats.get("test_oos_precision"),
+        "reject_note": stats.get("reject_note"),
         "train_samples_per_s": stats.get("train_samples_per_s"),
         "registered": stats.get("registered"),
         "model_version": stats.get("version", stats.get("model_version")),
@@ -210,6 +214,12 @@ def render(rows: list[dict[str, Any]], run_id: str) -> str:
                 f"{r['stage']}: test accuracy {r['test_accuracy']:.4f}, macro-F1 {r['test_macro_f1']:.4f}, "
                 f"{(r['train_samples_per_s'] or 0):.1f} train samples/s; MLflow run {r['mlflow_run_id']}"
             )
+            if r.get("reject_note"):
+                oos = (f"; out-of-scope recall {r['test_oos_recall']:.4f}"
+                       if r.get("test_oos_recall") is not None else "")
+                ins = (f"in-scope accuracy {r['test_in_scope_accuracy']:.4f} with the reject rule{oos}; "
+                       if r.get("test_in_scope_accuracy") is not None else "")
+                lines.append(f"{r['stage']}: {ins}{r['reject_note']}")
         elif r.get("deploy"):
             lines.extend(render_deploy(r))
         elif r.get("exported") is not None:

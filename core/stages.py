@@ -83,7 +83,7 @@ def _resolve(ref: str) -> Callable[..., Any]:
 
 
 STAGES: tuple[Stage, ...] = (
-    Stage("clean", (), ("input", "clean", "spark"), "jobs.spark.clean:run",
+    Stage("clean", (), ("input", "clean", "oos", "spark"), "jobs.spark.clean:run",
           ("kept/", "quarantine/"),
           "schema, Unicode NFKC, whitespace and control characters, length bounds, label "
           "normalization; rejects go to quarantine with a reason code", kind="spark"),
@@ -107,21 +107,21 @@ STAGES: tuple[Stage, ...] = (
           "annotator agreement, Dawid-Skene consensus, confident learning; the curated "
           "train/val/test split and the relabel queue",
           check="quality.labelqa_stage:check", retries=1),
-    Stage("train", ("clean", "dedup", "desensitize", "validate", "labelqa"), ("training", "clean", "tracking"), "training.task:run",
+    Stage("train", ("clean", "dedup", "desensitize", "validate", "labelqa"), ("training", "clean", "oos", "tracking"), "training.task:run",
           ("model/", "metrics.json", "history.jsonl", "confusion_matrix.png",
            "classification_report.json", "config.json", "mlflow.json"),
           "torchrun process group fine-tuning the classifier on the curated split; "
           "checkpoints, a retry resumes; MLflow run with lineage tags"),
-    Stage("register", ("labelqa", "train"), ("training", "tracking"), "training.register_stage:run",
+    Stage("register", ("labelqa", "train"), ("training", "oos", "tracking"), "training.register_stage:run",
           ("behaviour.json", "decision.json"),
           "behavioural checks, then the registry gate: alias challenger only when the model "
           "beats the champion by the margin", check="training.register_stage:check",
           retries=2, pool="intentops_registry"),
-    Stage("export", ("labelqa", "register"), ("export", "training", "tracking"), "export.task:run",
+    Stage("export", ("labelqa", "register"), ("export", "training", "oos", "tracking"), "export.task:run",
           ("fp32/", "int8/", "report.md", "report.json"),
           "ONNX fp32 and int8 builds of the registered version, parity-checked, gated and "
           "timed, attached to the version", check="export.task:check", retries=1),
-    Stage("deploy", ("labelqa", "export"), ("deploy", "training", "tracking"), "deploy.task:run",
+    Stage("deploy", ("labelqa", "export"), ("deploy", "training", "oos", "tracking"), "deploy.task:run",
           ("rollout.json", "rollout.png"),
           "canary rollout of the int8 build beside the stable model through the router; "
           "promote or roll back with the reason", check="deploy.task:check",

@@ -131,6 +131,16 @@ def python_stage(stage: Stage):
         os.environ["INTENTOPS_ACTOR"] = f"airflow:intentops_pipeline/{run_id}"
         st = stages.get(name)
         cfg = load_run_config(config_path)
+        if name == "deploy" and cfg.desensitize.mode == "pseudonym":
+            # The model server masks requests with the key the training text was masked with.
+            from airflow.sdk import Connection
+
+            try:
+                key = Connection.get("intentops_pseudonym").password
+            except Exception:  # no such connection: the worker's environment may have the key
+                key = None
+            if key:
+                os.environ[cfg.desensitize.key_env] = key
         try:
             result = st.run(cfg, run_id)
             print(f"{name}: output {result.path} ({'cache hit' if result.cache_hit else 'published'})")

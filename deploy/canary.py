@@ -37,6 +37,7 @@ from typing import Any
 import httpx
 
 from core import tracking
+from textnorm import normalize_label
 from core.config import PipelineConfig
 from deploy.deployment import (
     ALIAS_CHALLENGER,
@@ -53,15 +54,19 @@ log = logging.getLogger(__name__)
 
 class LoadGenerator:
     """Closed-loop clients sending one labeled message per request through the router,
-    in a background thread. Records ``(time, variant, status, correct)`` per request."""
+    in a background thread. Records ``(time, variant, status, correct, truth_oos, said_oos)``
+    per request: a probe whose label is ``oos_label`` is correct when answered out of scope,
+    any other when answered in scope with its label (an in-scope probe the reject rule
+    turns away counts as wrong)."""
 
     def __init__(self, url: str, key: str, texts: list[str], labels: list[str], concurrency: int,
-                 seed: int = 0) -> None:
+                 seed: int = 0, oos_label: str | None = None) -> None:
         if not texts:
             raise DeployError("no probe messages for the load generator")
         self.url, self.key, self.texts, self.labels = url, key, texts, labels
+        self.oos_label = oos_label
         self.concurrency = concurrency
-        self.records: list[tuple[float, str, int, bool | None]] = []
+        self.records: list[tuple[float, str, int, bool | None, bool, bool | None]] = []
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._rnd = random.Random(seed)
@@ -83,13 +88,19 @@ class LoadGenerator:
             async def worker() -> None:
                 while not self._stop.is_set():
                     i = self._rnd.randrange(len(self.texts))
+                    truth_oos = self.oos_label is not None and self.labels[i] == self.oos_label
+                    said_oos: bool | None = None
+                    correct: bool | None = None
                     try:
                         r = await client.post("/v1/predict", json={"text": self.texts[i]})
                         variant, status = r.headers.get("x-variant", "?"), r.status_code
-                        correct = r.json()["predictions"][0]["label"] == self.labels[i] if status == 200 else None
+                        if status == 200:
+                            a = r.json()["predictions"][0]
+                            said_oos = bool(a.get("oos"))
+                            correct = said_oos if truth_oos else (not said_oos and a["label"] == self.labels[i])
                     except httpx.HTTPError:
-                        variant, status, correct = "?", 0, None
-                    self.records.append((time.time(), variant, status, correct))
+                        variant, status = "?", 0
+                    self.records.append((time.time(), variant, status, correct, truth_oos, said_oos))
                     if status != 200:
                         await asyncio.sleep(0.05)
 
@@ -99,9 +110,15 @@ class LoadGenerator:
         recs = [r for r in list(self.records) if r[0] >= since]
         out: dict[str, Any] = {"requests": len(recs), "failed": sum(1 for r in recs if r[2] != 200)}
         for v in ("stable", "canary"):
-            judged = [r[3] for r in recs if r[1] == v and r[3] is not None]
+            mine = [r for r in recs if r[1] == v and r[3] is not None]
+            judged = [r[3] for r in mine if not r[4]]
+            oos = [r[3] for r in mine if r[4]]
+            said = [r[4] for r in mine if r[5]]
             out[v] = {"probes": len(judged), "correct": sum(judged),
-                      "accuracy": sum(judged) / len(judged) if judged else None}
+                      "accuracy": sum(judged) / len(judged) if judged else None,
+                      "oos_probes": len(oos), "oos_hits": sum(oos),
+                      "oos_recall": sum(oos) / len(oos) if oos else None,
+                      "oos_precision": sum(said) / len(said) if said and self.oos_label else None}
         return out
 
 
@@ -129,7 +146,8 @@ class Analysis:
 
 
 def analyse(cfg: PipelineConfig, step_stats: dict, total_stats: dict, load_total: dict,
-            has_stable: bool, baseline_accuracy: float | None) -> Analysis:
+            has_stable: bool, baseline_accuracy: float | None,
+            baseline_oos_recall: float | None = None) -> Analysis:
     """Compare canary and stable; ``enough`` once the canary had ``min_requests`` calls
     in this step. Failures are only judged on enough evidence."""
     d = cfg.deploy
@@ -164,11 +182,21 @@ def analyse(cfg: PipelineConfig, step_stats: dict, total_stats: dict, load_total
         None if has_stable else baseline_accuracy)
     if (ca["probes"] >= d.min_probes and ref is not None
             and wilson(ca["correct"], ca["probes"])[1] < ref - d.max_accuracy_drop):
-        a.failures.append(f"canary accuracy {ca['accuracy']:.1%} on {ca['probes']} labeled probes < "
+        a.failures.append(f"canary in-scope accuracy {ca['accuracy']:.1%} on {ca['probes']} labeled probes < "
                           f"{'stable' if has_stable else 'recorded test'} {ref:.1%} - {d.max_accuracy_drop:.0%}")
+    # Out-of-scope recall, when the probes hold out-of-scope messages: the canary may not
+    # lose more than oos.max_recall_drop against stable (or its recorded test figure).
+    ref_oos = sa["oos_recall"] if has_stable and sa["oos_probes"] >= d.min_probes else (
+        None if has_stable else baseline_oos_recall)
+    drop = cfg.oos.max_recall_drop
+    if (ca["oos_probes"] >= d.min_probes and ref_oos is not None
+            and wilson(ca["oos_hits"], ca["oos_probes"])[1] < ref_oos - drop):
+        a.failures.append(f"canary out-of-scope recall {ca['oos_recall']:.1%} on {ca['oos_probes']} probes < "
+                          f"{'stable' if has_stable else 'recorded test'} {ref_oos:.1%} - {drop:.0%}")
     a.point = {"canary_error_rate": c["error_rate"], "canary_p99_ms": c["p99_ms"], "canary_p50_ms": c["p50_ms"],
                "stable_p99_ms": step_stats["stable"]["p99_ms"], "agreement": sh["agreement"],
                "canary_accuracy": ca["accuracy"], "stable_accuracy": sa["accuracy"],
+               "canary_oos_recall": ca["oos_recall"], "stable_oos_recall": sa["oos_recall"],
                "canary_requests": c["requests"], "fallbacks": step_stats["fallbacks"]}
     return a
 
@@ -201,12 +229,15 @@ def plot(timeline: list[dict[str, Any]], decision: str, out: Path) -> None:
     plt.close(fig)
 
 
-def _baseline_accuracy(client, name: str, version: str) -> float | None:
+def _baseline(client, name: str, version: str) -> tuple[float | None, float | None]:
+    """The version's recorded test figures: in-scope accuracy under its reject rule (plain
+    accuracy for a model trained before the rule), and out-of-scope recall."""
     mv = client.get_model_version(name, version)
     try:
-        return client.get_run(mv.run_id).data.metrics.get("test_accuracy")
+        m = client.get_run(mv.run_id).data.metrics
     except Exception:
-        return None
+        return None, None
+    return m.get("test_in_scope_accuracy", m.get("test_accuracy")), m.get("test_oos_recall")
 
 
 def _record(client, name: str, version: str, decision: str, reason: str) -> None:
@@ -251,8 +282,10 @@ def rollout(cfg: PipelineConfig, version: str, texts: list[str], labels: list[st
     has_stable = stable is not None
     steps = d.steps if has_stable else [100]
     dep.routes(state, canary=canary["url"], weight=0.0, shadow=d.shadow_share if has_stable else 0.0)
-    load = LoadGenerator(state["router"]["url"], dep.client_key(), texts, labels, d.load_concurrency)
-    baseline = None if has_stable else _baseline_accuracy(client, name, version)
+    oos_label = normalize_label(cfg.oos.label) if cfg.oos.label else None
+    load = LoadGenerator(state["router"]["url"], dep.client_key(), texts, labels, d.load_concurrency,
+                         oos_label=oos_label)
+    baseline, baseline_oos = (None, None) if has_stable else _baseline(client, name, version)
     load.start()
     decision, reason, done = "rolled_back", "", 0
     try:
@@ -270,7 +303,7 @@ def rollout(cfg: PipelineConfig, version: str, texts: list[str], labels: list[st
                 if not dep.alive(canary):
                     raise DeployError(f"the canary server exited during the rollout; log: {canary['log']}")
                 verdict = analyse(cfg, dep.router_stats(state, start), dep.router_stats(state, t0),
-                                  load.summary(t0), has_stable, baseline)
+                                  load.summary(t0), has_stable, baseline, baseline_oos)
                 timeline.append({"t": time.time() - t0, "weight": step / 100, **verdict.point})
                 elapsed = time.time() - start
                 if verdict.failures and verdict.enough:
@@ -304,6 +337,8 @@ def rollout(cfg: PipelineConfig, version: str, texts: list[str], labels: list[st
                "client_requests": summary["requests"], "client_failures": summary["failed"],
                "fallbacks": stats["fallbacks"], "shadow": stats["shadow"],
                "accuracy": {v: summary[v]["accuracy"] for v in ("stable", "canary")},
+               "oos_recall": {v: summary[v]["oos_recall"] for v in ("stable", "canary")},
+               "oos_precision": {v: summary[v]["oos_precision"] for v in ("stable", "canary")},
                "p99_ms": {v: stats[v]["p99_ms"] for v in ("stable", "canary")},
                "error_rate": {v: stats[v]["error_rate"] for v in ("stable", "canary")},
                "seconds": round(time.time() - t0, 1)}

@@ -168,7 +168,10 @@ class Deployment:
         proc = self._spawn("deploy.server", [
             "--build", str(build), "--threads", str(d.server_threads), "--max-batch", str(d.max_batch),
             "--max-delay-ms", str(d.max_delay_ms), "--max-queue", str(d.max_queue), *(extra or [])],
-            {"INTENTOPS_API_KEYS": self._secret("internal_key"), "INTENTOPS_API_KEYS_FILE": None},
+            {"INTENTOPS_API_KEYS": self._secret("internal_key"), "INTENTOPS_API_KEYS_FILE": None,
+             # A build trained on pseudonymized text masks requests with the same key.
+             "INTENTOPS_PSEUDONYM_KEY": (os.environ.get(self.cfg.desensitize.key_env)
+                                         if self.cfg.desensitize.mode == "pseudonym" else None)},
             f"server-v{version}-{role}")
         proc |= {"version": str(version), "build": str(build), "role": role, "extra": extra or []}
         self.wait_ready(proc)

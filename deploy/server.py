@@ -3,8 +3,16 @@
     python -m deploy.server --build DIR | --model-uri models:/intentops-banking77/3 \
         [--host 127.0.0.1] [--port 8100] [--max-batch 32] [--max-delay-ms 5] [--max-queue 256]
 
-* ``POST /v1/predict`` with ``{"text": "..."}`` or ``{"texts": [...]}`` returns labels,
-  scores and the model version; the OpenAPI schema is at ``/openapi.json``.
+* ``POST /v1/predict`` with ``{"text": "..."}`` or ``{"texts": [...]}`` returns, per text,
+  ``{"label", "score", "oos", "abstain"}`` and the model version; the OpenAPI schema is at
+  ``/openapi.json``. ``oos`` is true when the build's reject rule says "none of my
+  intents" (``contract.reject``): ``label`` is then the dataset's out-of-scope label, or
+  null with ``abstain`` true when its label set has none.
+* **One preprocessing.** Each text is normalized and PII-masked exactly as the build's
+  training data was (``contract.preprocess``; the build records which detector version and
+  masking mode) before the model sees it, in the batch worker: the raw text lives only in
+  the request, and a build whose recorded preprocessing this server cannot reproduce is
+  refused at load.
 * Requests are queued and a single worker runs them in micro-batches of up to
   ``max_batch`` texts: a request that finds the worker idle runs at once, the requests
   that queued up while a batch ran make the next batch, and only under load does the
@@ -50,7 +58,10 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from export.runtime import OnnxClassifier, session, softmax
+from contract import reject
+from contract.preprocess import PreprocessingError, Preprocessor
+from contract.reject import RejectRule
+from export.runtime import BuildError, OnnxClassifier, session, softmax
 
 log = logging.getLogger("intentops.server")
 
@@ -72,6 +83,12 @@ class ServerConfig:
     # answered 500, and a delay added to every request. Off by default.
     inject_fail_rate: float = 0.0
     inject_delay_ms: float = 0.0
+    # The build's recorded preprocessing version may differ from this server's (an upgraded
+    # detector): refused unless this is set.
+    allow_preprocessing_drift: bool = False
+    # Benchmarks only: serve without masking requests (the model then sees raw personal data).
+    unsafe_no_masking: bool = False
+    pseudonym_key: bytes | None = None  # for builds whose training text was pseudonymized
 
 
 def load_api_keys(env: dict[str, str] | None = None) -> list[str]:
@@ -96,8 +113,10 @@ class PredictRequest(BaseModel):
 
 
 class Prediction(BaseModel):
-    label: str
-    score: float
+    label: str | None = Field(description="the intent; the out-of-scope label, or null when abstaining")
+    score: float = Field(description="the model's confidence in its top intent (max softmax)")
+    oos: bool = Field(description="out of scope: below the build's reject threshold, or the out-of-scope label")
+    abstain: bool = Field(False, description="no label: out of scope and the label set has no out-of-scope label")
 
 
 class PredictResponse(BaseModel):
@@ -116,6 +135,8 @@ class LoadedModel:
     classifier: OnnxClassifier
     version: str
     source: str
+    preprocess: Preprocessor | None  # None only with --unsafe-no-masking
+    rule: RejectRule
 
 
 def resolve_source(build: str | None, model_uri: str | None, dst: Path) -> tuple[Path, str]:
@@ -161,8 +182,9 @@ class Metrics:
 PAD_SLACK = 1.25
 
 
-def predict_by_length(clf: OnnxClassifier, texts: Sequence[str]) -> tuple[list[str], list[float]]:
-    """``clf.predict(texts)``, run as sub-batches of rows of similar token length.
+def predict_by_length(clf: OnnxClassifier, texts: Sequence[str]) -> np.ndarray:
+    """Class probabilities of ``texts`` (rows in input order), run as sub-batches of rows of
+    similar token length.
 
     A batch is padded to its longest row, and customer messages are short and uneven
     (Banking77 test: 15 tokens on average, 64 at most): 16 random messages in one batch
@@ -181,7 +203,7 @@ def predict_by_length(clf: OnnxClassifier, texts: Sequence[str]) -> tuple[list[s
         else:
             chunks.append([i])
             real = sizes[i]
-    labels, scores = [""] * len(texts), [0.0] * len(texts)
+    probs = np.zeros((len(texts), len(clf.labels)), dtype=np.float32)
     for rows in chunks:
         width = sizes[rows[-1]]  # the longest: rows are in length order
         ids = np.full((len(rows), width), clf.encoder.pad_id, dtype=np.int64)
@@ -189,11 +211,17 @@ def predict_by_length(clf: OnnxClassifier, texts: Sequence[str]) -> tuple[list[s
         for r, i in enumerate(rows):
             ids[r, : len(encodings[i].ids)] = encodings[i].ids
             mask[r, : len(encodings[i].ids)] = 1
-        p = softmax(clf.run(ids, mask))
-        for r, i in enumerate(rows):
-            k = int(p[r].argmax())
-            labels[i], scores[i] = clf.labels[k], float(p[r, k])
-    return labels, scores
+        probs[rows] = softmax(clf.run(ids, mask))
+    return probs
+
+
+def answer(model: LoadedModel, texts: Sequence[str]) -> list[dict[str, Any]]:
+    """What the batch worker runs: preprocess each text as the training data was, predict,
+    apply the reject rule."""
+    if model.preprocess is not None:
+        texts = [model.preprocess(t) for t in texts]
+    probs = predict_by_length(model.classifier, texts)
+    return reject.decide(probs, model.classifier.labels, model.rule)
 
 
 @dataclass
@@ -258,7 +286,7 @@ class Batcher:
             texts = [t for j in jobs for t in j.texts]
             self.server.metrics.batch.observe(len(texts))
             try:
-                labels, scores = await asyncio.to_thread(predict_by_length, model.classifier, texts)
+                answers = await asyncio.to_thread(answer, model, texts)
             except Exception as exc:  # the model failed: every waiting request gets a 500
                 for j in jobs:
                     if not j.future.done():
@@ -268,7 +296,7 @@ class Batcher:
             for j in jobs:
                 k = len(j.texts)
                 if not j.future.done():
-                    j.future.set_result((model.version, labels[i : i + k], scores[i : i + k]))
+                    j.future.set_result((model.version, answers[i : i + k]))
                 i += k
 
 
@@ -285,8 +313,16 @@ class ModelServer:
         clf = OnnxClassifier(folder, threads=self.cfg.threads)
         if not self.cfg.spin:  # OnnxClassifier's session spins; open the model again without
             clf.session = session(clf.model_path, self.cfg.threads, spin=False)
-        clf.predict(["warm-up message about my card"] * min(4, self.cfg.max_batch))
-        return LoadedModel(clf, version, source)
+        pre = None
+        if not self.cfg.unsafe_no_masking:
+            try:
+                pre = Preprocessor(clf.pre.get("text_preprocessing"), self.cfg.pseudonym_key,
+                                   self.cfg.allow_preprocessing_drift)
+            except PreprocessingError as exc:
+                raise BuildError(f"{folder}: {exc}") from None
+        model = LoadedModel(clf, version, source, pre, RejectRule.from_dict(clf.pre.get("reject")))
+        answer(model, ["warm-up message about my card"] * min(4, self.cfg.max_batch))
+        return model
 
     def swap(self, model: LoadedModel) -> None:
         old = self.model
@@ -346,13 +382,12 @@ def create_app(server: ModelServer, initial: tuple[Path, str, str] | None = None
                 raise HTTPException(503, "overloaded: the request queue is full",
                                     headers={"Retry-After": "1"}) from None
             try:
-                version, labels, scores = await fut
+                version, answers = await fut
             except Exception as exc:
                 log.exception("model call failed")
                 raise HTTPException(500, f"model error: {type(exc).__name__}") from None
             server.metrics.requests.labels("200").inc()
-            return PredictResponse(model_version=version, predictions=[
-                Prediction(label=lab, score=s) for lab, s in zip(labels, scores, strict=True)])
+            return PredictResponse(model_version=version, predictions=[Prediction(**a) for a in answers])
         except HTTPException as exc:
             server.metrics.requests.labels(str(exc.status_code)).inc()
             raise
@@ -374,7 +409,11 @@ def create_app(server: ModelServer, initial: tuple[Path, str, str] | None = None
     async def ready() -> JSONResponse:
         if not server.ready or server.model is None:
             return JSONResponse({"status": "loading"}, status_code=503)
-        return JSONResponse({"status": "ready", "model_version": server.model.version})
+        m = server.model
+        return JSONResponse({"status": "ready", "model_version": m.version,
+                             "masking": m.preprocess is not None,
+                             "preprocessing_drift": bool(m.preprocess and m.preprocess.drift),
+                             "reject_threshold": m.rule.threshold, "oos_label": m.rule.oos_label})
 
     @app.get("/metrics")
     async def metrics() -> PlainTextResponse:
@@ -420,13 +459,20 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--inject-fail-rate", type=float, default=0.0,
                     help="canary drills: answer this share of requests with 500")
     ap.add_argument("--inject-delay-ms", type=float, default=0.0, help="canary drills: delay every request")
+    ap.add_argument("--allow-preprocessing-drift", action="store_true",
+                    help="serve a build whose training text was masked by another PII-detector version")
+    ap.add_argument("--unsafe-no-masking", action="store_true",
+                    help="benchmarks only: do not mask requests (the model sees raw personal data)")
     args = ap.parse_args(argv)
     keys = load_api_keys()
     if not keys and not args.no_auth:
         ap.error("no API key configured: set INTENTOPS_API_KEYS or INTENTOPS_API_KEYS_FILE (or --no-auth)")
     cfg = ServerConfig(max_batch=args.max_batch, max_delay_ms=args.max_delay_ms, max_queue=args.max_queue,
                        threads=args.threads, spin=args.spin, api_keys=keys, inject_fail_rate=args.inject_fail_rate,
-                       inject_delay_ms=args.inject_delay_ms)
+                       inject_delay_ms=args.inject_delay_ms,
+                       allow_preprocessing_drift=args.allow_preprocessing_drift,
+                       unsafe_no_masking=args.unsafe_no_masking,
+                       pseudonym_key=os.environ.get("INTENTOPS_PSEUDONYM_KEY", "").encode() or None)
     folder, version = resolve_source(args.build, args.model_uri, Path(tempfile.mkdtemp(prefix="intentops-serve-")))
     server = ModelServer(cfg)
     app = create_app(server, (folder, version, args.build or args.model_uri))

@@ -23,6 +23,7 @@ from typing import Any
 
 import numpy as np
 
+from contract import reject
 from core.config import ExportConfig
 from export import onnx_build as ob
 from export.runtime import MODEL_FILE, TextEncoder, session
@@ -73,6 +74,10 @@ def build_all(model_dir: str | Path, texts: Sequence[str], labels: Sequence[str]
     if not par.passed:
         raise ob.ExportError(ob.parity_message(par))
     acc = {"pytorch_eager": ob.accuracy(ref, y), "onnx_fp32": ob.accuracy(got, y)}
+    # The reject rule travels with the build; the int8 build must keep its decisions.
+    rule = reject.RejectRule.from_dict(pre.get("reject"))
+    fp32_answers = reject.decide(reject.softmax(got), class_names, rule)
+    oos = {"onnx_fp32": reject.oos_metrics(labels, fp32_answers, rule.oos_label)}
     log.info("fp32 parity on %d rows: max |diff| %.2e, argmax agreement %.4f",
              par.rows, par.max_abs_diff, par.argmax_agreement)
 
@@ -90,11 +95,17 @@ def build_all(model_dir: str | Path, texts: Sequence[str], labels: Sequence[str]
         logits = ob.batched_logits(ob.onnx_logits_fn(sess), encoder, texts)
         agreement = float((logits.argmax(1) == got.argmax(1)).mean())
         int8_acc = ob.accuracy(logits, y)
+        answers = reject.decide(reject.softmax(logits), class_names, rule)
+        oos_agreement = (reject.decision_agreement(fp32_answers, answers)
+                         if rule.threshold is not None or rule.oos_label is not None else None)
         passed, reason = ob.int8_gate(acc["onnx_fp32"], int8_acc, agreement,
-                                      cfg.max_accuracy_drop, cfg.min_agreement)
+                                      cfg.max_accuracy_drop, cfg.min_agreement,
+                                      oos_agreement, cfg.min_oos_agreement)
         c = {"name": name, "fusion": fusion, "per_channel": pc, "reduce_range": rr,
              "fp32_ffn_layers": fp32_layers, "fp32_nodes": len(kept),
              "path": str(path), "accuracy": int8_acc, "agreement": agreement,
+             "oos_agreement": oos_agreement,
+             "oos": reject.oos_metrics(labels, answers, rule.oos_label),
              "passed": passed, "reason": reason, "size_mb": ob.size_mb(path)}
         candidates.append(c)
         fns[name] = ob.onnx_logits_fn(sess)
@@ -161,6 +172,8 @@ def build_all(model_dir: str | Path, texts: Sequence[str], labels: Sequence[str]
                    "int8_size_share_of_fp32": q["size_mb"] / f["size_mb"],
                    "int8_accuracy_drop_points": (acc["onnx_fp32"] - acc["onnx_int8"]) * 100},
         "parity": par.as_dict(),
+        "reject": {"rule": rule.to_dict(), "onnx_fp32": oos["onnx_fp32"], "onnx_int8": chosen["oos"],
+                   "oos_agreement": chosen["oos_agreement"]},
         "int8": {"status": status, "reason": chosen["reason"], "agreement": chosen["agreement"],
                  "chosen": {k: chosen[k] for k in ("name", "fusion", "per_channel", "reduce_range",
                                                    "fp32_ffn_layers")},
@@ -192,7 +205,7 @@ def render_markdown(r: dict[str, Any]) -> str:
               f"fp32 parity: max |logit diff| {r['parity']['max_abs_diff']:.2e}, argmax agreement "
               f"{r['parity']['argmax_agreement']:.4f}.",
               f"int8 build: **{r['int8']['status']}** ({r['int8']['reason']}); chosen "
-              f"{r['int8']['chosen']['name']} ({r['int8']['selection']}).", "",
+              f"{r['int8']['chosen']['name']} ({r['int8']['selection']}).", *_reject_lines(r), "",
               "| candidate | passed | accuracy | agreement | rows/s b32 | p50 ms b1 |",
               "|---|---|---:|---:|---:|---:|"]
     for c in r["candidates"]:
@@ -204,6 +217,24 @@ def render_markdown(r: dict[str, Any]) -> str:
             lines.append(f"| {c['name']} | {c['passed']} | {c['accuracy']:.4f} | {c['agreement']:.4f} | "
                          f"{speed} |")
     return "\n".join(lines) + "\n"
+
+
+def _reject_lines(r: dict[str, Any]) -> list[str]:
+    rj = r.get("reject")
+    if not rj:
+        return []
+    agree = rj["oos_agreement"]
+    lines = [f"Reject rule: {rj['rule']['note']}."
+             + (f" The int8 build makes the fp32 build's out-of-scope decision on {agree:.2%} of test rows."
+                if agree is not None else "")]
+    for build in ("onnx_fp32", "onnx_int8"):
+        m = rj[build]
+        parts = [f"in-scope accuracy {m['in_scope_accuracy']:.4f}" if m.get("in_scope_accuracy") is not None else "",
+                 f"in-scope rejected {m['in_scope_rejected']:.2%}" if m.get("in_scope_rejected") is not None else "",
+                 f"out-of-scope recall {m['oos_recall']:.4f}" if m.get("oos_recall") is not None else "",
+                 f"precision {m['oos_precision']:.4f}" if m.get("oos_precision") is not None else ""]
+        lines.append(f"{build}: " + ", ".join(x for x in parts if x) + ".")
+    return lines
 
 
 def plot(r: dict[str, Any], path: Path) -> None:

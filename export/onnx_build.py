@@ -43,7 +43,8 @@ from export.runtime import MODEL_FILE, TextEncoder, default_threads, session
 
 log = logging.getLogger(__name__)
 
-REQUIRED_MODEL_FILES = ("model.pt", "model_config.json", "tokenizer.json", "labels.json")
+# contract.json: the text preprocessing and reject rule (training.contract) every build carries.
+REQUIRED_MODEL_FILES = ("model.pt", "model_config.json", "tokenizer.json", "labels.json", "contract.json")
 INPUT_NAMES = ("input_ids", "attention_mask")
 OUTPUT_NAME = "logits"
 # Which exporter per model kind. MiniLM: the TorchScript exporter, whose graph ORT's
@@ -166,6 +167,8 @@ def export_fp32(model_dir: str | Path, out_dir: str | Path, opset: int, dynamic:
     pre = {"max_length": int(spec["max_length"]), "pad_id": pad_id, "input_names": list(INPUT_NAMES),
            "output_name": OUTPUT_NAME, "num_classes": len(labels), "opset": opset,
            "model_kind": spec["kind"], "build": "fp32", "pooling": spec.get("pooling", "mean")}
+    contract = json.loads((model_dir / "contract.json").read_text())
+    pre |= {"text_preprocessing": contract["text_preprocessing"], "reject": contract["reject"]}
     (out_dir / "preprocessing.json").write_text(json.dumps(pre, indent=2))
     check_dynamic(path, max_length=int(spec["max_length"]), num_classes=len(labels))
     return out_dir
@@ -354,17 +357,25 @@ def accuracy(logits: np.ndarray, y: np.ndarray) -> float:
 
 
 def int8_gate(fp32_acc: float, int8_acc: float, agreement: float, max_drop: float,
-              min_agreement: float) -> tuple[bool, str]:
+              min_agreement: float, oos_agreement: float | None = None,
+              min_oos_agreement: float = 0.99) -> tuple[bool, str]:
+    """``oos_agreement``: the share of rows on which the int8 build makes the fp32 build's
+    out-of-scope decision under the stored reject rule (None: the build has no threshold)."""
     drop = fp32_acc - int8_acc
     problems = []
     if drop > max_drop + 1e-9:  # 1e-9: a drop of exactly the limit passes despite float error
         problems.append(f"accuracy drop {drop * 100:.2f} points > {max_drop * 100:.2f}")
     if agreement < min_agreement:
         problems.append(f"argmax agreement with fp32 {agreement:.2%} < {min_agreement:.2%}")
+    if oos_agreement is not None and oos_agreement < min_oos_agreement:
+        problems.append(f"out-of-scope decisions agree with fp32 on {oos_agreement:.2%} "
+                        f"< {min_oos_agreement:.2%}")
     if problems:
         return False, "; ".join(problems)
+    oos = (f", out-of-scope decisions {oos_agreement:.2%} (limit {min_oos_agreement:.2%})"
+           if oos_agreement is not None else "")
     return True, (f"accuracy drop {drop * 100:.2f} points (limit {max_drop * 100:.2f}), "
-                  f"agreement {agreement:.2%} (limit {min_agreement:.2%})")
+                  f"agreement {agreement:.2%} (limit {min_agreement:.2%}){oos}")
 
 
 # ---------------------------------------------------------------------------- timing

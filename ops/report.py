@@ -534,6 +534,10 @@ def _train(v: StageView, figs: dict[str, str], link: _Links) -> str:
                 ("optimizer steps", m.get("steps")), ("stop reason", m.get("stop_reason")),
                 ("best epoch", m.get("best_epoch")), ("test accuracy", r.get("test_accuracy")),
                 ("test macro-F1", r.get("test_macro_f1")), ("test rows", m.get("test_rows")),
+                ("in-scope accuracy with the reject rule", r.get("test_in_scope_accuracy")),
+                ("out-of-scope recall", r.get("test_oos_recall")),
+                ("out-of-scope precision", r.get("test_oos_precision")),
+                ("reject rule", r.get("reject_note")),
                 ("train samples/s", r.get("train_samples_per_s")), ("MLflow run", r.get("mlflow_run_id"))])]
     out.append(_figure(figs, "chart-train-loss", "Training loss and learning rate over steps"))
     out.append(_figure(figs, "chart-train-val", "Validation accuracy, macro-F1 and loss"))

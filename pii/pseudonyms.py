@@ -35,3 +35,12 @@ def canonical(entity: str, value: str) -> str:
 def pseudonym(entity: str, value: str, key: bytes) -> str:
     digest = hmac.new(key, f"{entity}:{canonical(entity, value)}".encode(), hashlib.sha256)
     return f"<{entity}_{digest.hexdigest()[:10]}>"
+
+
+def key_id(key: bytes | None) -> str | None:
+    """A public fingerprint of a pseudonym key: it goes into stage keys and builds (a new key
+    means new pseudonyms), so a server can check it holds the key the training data was
+    masked with, without the key itself in any manifest."""
+    if key is None:
+        return None
+    return hmac.new(key, b"intentops/key-id", hashlib.sha256).hexdigest()[:16]

@@ -107,6 +107,17 @@ def trained(tmp_path_factory, project_env) -> dict:
     res = run([sys.executable, "-m", "training.train", "--curated", str(curated), "--labels",
                str(labels), "--out", str(out), "--config", str(cfg)], env)
     assert res.returncode == 0, res.stderr[-4000:]
+    # The serving contract, as the train stage attaches it (120 in-scope val rows: enough
+    # for a threshold at a lowered minimum).
+    from contract import preprocess
+    from core.config import OosConfig
+    from training import contract
+    from training.data import load_curated
+
+    splits = load_curated(curated, [c for c in EXPORT_CLASSES])
+    figures = contract.attach(out / "model", splits, OosConfig(min_calibration_rows=100),
+                              preprocess.spec("placeholder", None))
+    assert figures["reject_threshold"] is not None, figures["reject_note"]
     test = pd.read_parquet(curated).query("split == 'test'")
     return {"model_dir": out / "model", "texts": test.text.tolist(), "ids": test.record_id.tolist(),
             "labels": test.label.str.lower().str.replace(" ", "_").tolist()}

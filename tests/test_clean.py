@@ -179,6 +179,13 @@ def test_label_set_inferred_checked_and_recorded(spark, tmp_path):
     assert s["quarantine_by_reason"] == {"rare_label": 1} and s["kept"] == 8
     assert s["label_counts"] == {"card_arrival": 4, "lost_or_stolen_card": 4}
     assert json.loads((Path(res.path) / "labels.json").read_text()) == s["labels"]
+    # the out-of-scope label, normalized like every label, must occur in the kept rows
+    ok = clean.run(_cfg(tmp_path, path, **{"clean.label_set": "infer", "clean.min_class_count": 2,
+                                           "oos.label": "Lost or Stolen Card"}), run_id="r0", spark=spark)
+    assert ok.manifest["stats"]["kept"] == 8
+    with pytest.raises(StageError, match="oos.label 'out of scope' never occurs among the rows .*card_arrival"):
+        clean.run(_cfg(tmp_path, path, **{"clean.label_set": "infer", "clean.min_class_count": 2,
+                                          "oos.label": "out of scope"}), run_id="r1", spark=spark)
 
     other = tmp_path / "labels.json"
     other.write_text(json.dumps(["balance", "transfer", "card_arrival"]))

@@ -37,6 +37,7 @@ from urllib.parse import urlsplit
 import pytest
 import yaml
 from conftest import ROOT
+from core.codeversion import code_version
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
@@ -344,12 +345,20 @@ def test_serving_image_runs_with_its_own_packages_only(tmp_path: Path):
                 continue
             target.mkdir(parents=True, exist_ok=True)
             for src in sources:
-                shutil.copy(ROOT / src, target / Path(src).name)
+                if (ROOT / src).is_dir():  # COPY dir/ dest/: the folder's contents
+                    shutil.copytree(ROOT / src, target, dirs_exist_ok=True,
+                                    ignore=shutil.ignore_patterns("__pycache__"))
+                else:
+                    shutil.copy(ROOT / src, target / Path(src).name)
     env = {"PATH": os.environ.get("PATH", ""), "PYTHONPATH": f"{app}{os.pathsep}{site}", "HOME": str(tmp_path)}
     code = ("import deploy.server, deploy.router, export.runtime, onnxruntime, tokenizers, uvicorn, "
             "yaml, serve_champion, mlflow.artifacts\nfrom mlflow.tracking import MlflowClient\n"
+            "import contract.preprocess, contract.reject, pii.detector\n"
+            # the image computes the preprocessing version the pipeline records in builds
+            f"assert contract.preprocess.version() == {code_version('contract.preprocess')!r}\n"
             "import sys\nprint(sorted(m for m in sys.modules if m.split('.')[0] in "
-            "('torch', 'airflow', 'pyspark', 'pandas', 'training', 'core', 'quality', 'jobs')))")
+            "('torch', 'airflow', 'pyspark', 'pandas', 'training', 'quality', 'jobs') or "
+            "(m.startswith('core.') and m not in ('core.stage', 'core.codeversion'))))")
     p = subprocess.run([sys.executable, "-S", "-c", code], env=env, cwd=tmp_path,
                        capture_output=True, text=True, timeout=120)
     assert p.returncode == 0, p.stderr[-3000:]

@@ -426,15 +426,20 @@ COARSE = {
 
 def test_a_second_dataset_runs_beside_the_demo_to_its_own_promoted_model(airflow_env, first_run,
                                                                         tmp_path):
-    """A user's own export, with its own label set, runs from one config file to a model
-    promoted under its own name, every gate at its default, while the demo's champion and
-    alias history stay as they were."""
+    """A user's own export, with its own label set and an out-of-scope label, runs from one
+    config file to a model promoted under its own name, every gate at its default, while the
+    demo's champion and alias history stay as they were. Two of the coarse intents are held
+    back as out of scope (their messages labelled "Out of Scope"): the served model answers
+    out of scope for most of their official test messages, which no stage has seen."""
+    import httpx
     from mlflow.tracking import MlflowClient
 
     env, base, _ = airflow_env
     group = {intent: g for g, intents in COARSE.items() for intent in intents}
     categories = json.loads((ROOT / "data" / "banking77" / "categories.json").read_text())
     assert sorted(group) == sorted(categories)  # every intent in exactly one group
+    held_back = {"virtual_card", "identity"}
+    group = {intent: "Out of Scope" if g in held_back else g for intent, g in group.items()}
     train = pd.read_csv(ROOT / "data" / "banking77" / "train.csv")
     export = train.sample(n=5000, random_state=0)
     export = pd.DataFrame({"utterance": export.text, "topic": export.category.map(group)})
@@ -447,6 +452,7 @@ def test_a_second_dataset_runs_beside_the_demo_to_its_own_promoted_model(airflow
                   "columns": {"id": None, "text": "utterance", "label": "topic", "annotations": None,
                               "created_at": None, "channel": None}},
         "clean": {"label_set": "infer"},
+        "oos": {"label": "Out of Scope"},
         "training": {"hparams": {"model": "small", "epochs": 4, "lr": 0.002, "batch_size": 32,
                                  "max_length": 32, "early_stopping_patience": None}},
         "deploy": {"bake_seconds": 3},
@@ -468,9 +474,28 @@ def test_a_second_dataset_runs_beside_the_demo_to_its_own_promoted_model(airflow
         assert stages["clean"]["quarantined"] == 0 and stages["labelqa"]["suspects"] is not None
         assert stages["register"]["registered"] and stages["deploy"]["deploy"]["decision"] == "promoted"
         labels = json.loads((Path(stage.upstream(lake, name, "clean").path) / "labels.json").read_text())
-        assert labels == sorted(COARSE)
+        kept = sorted(set(COARSE) - held_back | {"out_of_scope"})
+        assert labels == kept
         mv = client.get_model_version_by_alias("intentops-b77coarse", "champion")
-        assert json.loads(mv.tags["intentops.labels"]) == sorted(COARSE)
+        assert json.loads(mv.tags["intentops.labels"]) == kept
+        assert float(mv.tags["metric.test_oos_recall"]) > 0.5
+        # Served: held-back intents' official test messages are mostly answered out of scope,
+        # the others mostly in scope with their group.
+        test = pd.read_csv(ROOT / "data" / "banking77" / "test.csv").sample(n=600, random_state=1)
+        state = json.loads((base / "deploy" / "b77coarse" / "state.json").read_text())
+        key = (base / "deploy" / "b77coarse" / "secrets" / "client_keys").read_text().split()[0]
+        answers = []
+        for i in range(0, len(test), 50):
+            r = httpx.post(f"{state['router']['url']}/v1/predict", json={"texts": test.text[i:i + 50].tolist()},
+                           headers={"Authorization": f"Bearer {key}"}, timeout=30)
+            assert r.status_code == 200, r.text
+            answers += r.json()["predictions"]
+        truth_oos = test.category.map(group).eq("Out of Scope").tolist()
+        oos_recall = sum(a["oos"] for a, t in zip(answers, truth_oos, strict=True) if t) / sum(truth_oos)
+        in_scope = [a for a, t in zip(answers, truth_oos, strict=True) if not t]
+        assert oos_recall > 0.5, oos_recall
+        assert all(a["label"] == "out_of_scope" for a in answers if a["oos"])
+        assert sum(not a["oos"] for a in in_scope) / len(in_scope) > 0.8
         assert client.get_experiment_by_name("intentops-b77coarse-training") is not None
         assert (base / "deploy" / "b77coarse" / "state.json").is_file()
         # The demo's model did not move.

@@ -79,6 +79,16 @@ def test_build_all_parity_int8_gate_and_report(trained, tmp_path):
     pre = json.loads((tmp_path / "int8" / "preprocessing.json").read_text())
     assert pre["build"] == "int8" and pre["status"] == "passed"
     assert set(pre["quantization"]) >= {"per_channel", "reduce_range", "fusion"}
+    # The model's contract travels with every build, and the int8 build keeps the reject
+    # rule's decisions within the gate's tolerance (every candidate was checked).
+    contract = json.loads((trained["model_dir"] / "contract.json").read_text())
+    for b in ("fp32", "int8"):
+        built = json.loads((tmp_path / b / "preprocessing.json").read_text())
+        assert built["reject"] == contract["reject"] and built["text_preprocessing"] == contract["text_preprocessing"]
+    assert contract["reject"]["threshold"] is not None
+    assert rep["reject"]["oos_agreement"] >= small_cfg().min_oos_agreement
+    assert all(c["oos_agreement"] is not None for c in rep["candidates"] if "error" not in c)
+    assert "Reject rule: max-softmax threshold" in (tmp_path / "report.md").read_text()
     # The int8 build predicts from text alone, like PyTorch does.
     onnx_labels, _ = OnnxClassifier(tmp_path / "int8").predict(trained["texts"])
     torch_labels, _ = Predictor(trained["model_dir"]).predict(trained["texts"])

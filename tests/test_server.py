@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import concurrent.futures as cf
 import json
+import shutil
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 import httpx
+import numpy as np
 import pytest
 from conftest import ROOT, _free_port
 
@@ -128,9 +130,76 @@ def test_length_sorted_sub_batches_answer_each_row_like_the_whole_batch(builds, 
         texts.sort(key=len, reverse=order == "long_first")
     clf = OnnxClassifier(builds["fp32"], threads=1)  # fp32: no batch-dependent activation scales
     want_labels, want_scores = clf.predict(texts)
-    labels, scores = predict_by_length(clf, texts)
-    assert labels == want_labels
-    assert scores == pytest.approx(want_scores, abs=1e-4)
+    probs = predict_by_length(clf, texts)
+    assert [clf.labels[i] for i in probs.argmax(1)] == want_labels
+    assert probs.max(1).tolist() == pytest.approx(want_scores, abs=1e-4)
+
+
+def _build_with_threshold(src: Path, dst: Path, threshold: float) -> Path:
+    shutil.copytree(src, dst)
+    pre = json.loads((dst / "preprocessing.json").read_text())
+    pre["reject"] = pre["reject"] | {"threshold": threshold}
+    (dst / "preprocessing.json").write_text(json.dumps(pre))
+    return dst
+
+
+def test_answers_out_of_scope_below_the_threshold_and_masks_requests(builds, trained, project_env, tmp_path):
+    """The reject rule (here set at the median score of the texts sent, so both sides are
+    exercised) and the request masking, through a real server process."""
+    from contract.preprocess import Preprocessor
+    from deploy.server import predict_by_length
+    from export.runtime import OnnxClassifier
+
+    texts = trained["texts"][:24] + ["what is the weather like in paris", "tell me a joke about cats"]
+    clf = OnnxClassifier(builds["fp32"], threads=1)
+    pre = Preprocessor(clf.pre["text_preprocessing"])
+    scores = predict_by_length(clf, [pre(t) for t in texts]).max(1)
+    t = float(np.median(scores))
+    build = _build_with_threshold(builds["fp32"], tmp_path / "b", t)
+    proc, url = start(build, dict(project_env, INTENTOPS_API_KEYS=KEY))
+    try:
+        assert httpx.get(f"{url}/health/ready").json() | {"model_version": None} == {
+            "status": "ready", "model_version": None, "masking": True, "preprocessing_drift": False,
+            "reject_threshold": t, "oos_label": None}
+        got = httpx.post(f"{url}/v1/predict", json={"texts": texts}, headers=H).json()["predictions"]
+        for a, s in zip(got, scores, strict=True):
+            assert a["score"] == pytest.approx(float(s), abs=1e-4)
+            if abs(s - t) > 1e-4:
+                assert a["oos"] == (s < t) and a["abstain"] == (s < t), (a, s, t)
+                assert (a["label"] is None) == (s < t)
+        assert 0 < sum(a["oos"] for a in got) < len(got)
+        # A request with personal data gets the answer of its masked form; one that is all
+        # personal data is masked and answered.
+        pairs = [("my name is Sarah Connor and my new card has not arrived",
+                  "my name is <PERSON> and my new card has not arrived"),
+                 ("send 200 euro to DE89 3704 0044 0532 0130 00 please",
+                  "send 200 euro to <IBAN> please"),
+                 ("sarah.connor@example.com", "<EMAIL>")]
+        for raw, masked in pairs:
+            a, b = httpx.post(f"{url}/v1/predict", json={"texts": [raw, masked]}, headers=H).json()["predictions"]
+            assert a == b, (raw, a, b)
+    finally:
+        proc.terminate()
+        proc.wait(timeout=20)
+
+
+def test_a_build_whose_preprocessing_cannot_be_reproduced_is_refused(builds, tmp_path):
+    from deploy.server import ModelServer, ServerConfig
+    from export.runtime import BuildError
+
+    drifted = tmp_path / "drifted"
+    shutil.copytree(builds["fp32"], drifted)
+    pre = json.loads((drifted / "preprocessing.json").read_text())
+    pre["text_preprocessing"]["version"] = "0123456789abcdef"
+    (drifted / "preprocessing.json").write_text(json.dumps(pre))
+    with pytest.raises(BuildError, match="different PII detector"):
+        ModelServer(ServerConfig(threads=1)).load(drifted, "1", "test")
+    assert ModelServer(ServerConfig(threads=1, allow_preprocessing_drift=True)).load(
+        drifted, "1", "test").preprocess.drift
+    del pre["text_preprocessing"]
+    (drifted / "preprocessing.json").write_text(json.dumps(pre))
+    with pytest.raises(BuildError, match="records no text preprocessing"):
+        ModelServer(ServerConfig(threads=1)).load(drifted, "1", "test")
 
 
 def test_overload_is_shed_with_503_and_retry_after(builds, project_env, trained):

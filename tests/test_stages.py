@@ -14,7 +14,7 @@ from conftest import ROOT
 
 from core import codeversion, params, stages
 
-PACKAGES = ("core", "textnorm", "pii", "jobs", "quality", "training", "export", "deploy", "ops",
+PACKAGES = ("core", "textnorm", "pii", "contract", "jobs", "quality", "training", "export", "deploy", "ops",
             "demo")
 
 
@@ -91,8 +91,10 @@ def test_the_copy_has_the_checkouts_versions(tree):
 
 def test_an_indirectly_imported_helper_changes_exactly_the_stages_that_import_it(tree):
     # pii/checksums.py: imported by pii/detector.py, which the desensitize job imports
-    # directly and the validation gate through quality/validate_stage.py (two levels down).
-    assert _changed(tree, "pii/checksums.py") == {"desensitize", "validate"}
+    # directly and the validation gate through quality/validate_stage.py (two levels down);
+    # train records the preprocessing version in the model's contract and deploy's servers
+    # mask requests with it (contract/preprocess.py).
+    assert _changed(tree, "pii/checksums.py") == {"desensitize", "validate", "train", "deploy"}
     # training/models.py: train (through training.train, launched by torchrun), register
     # (the predictor) and export (the ONNX build loads the model class).
     assert _changed(tree, "training/models.py") == {"train", "register", "export"}
@@ -100,12 +102,13 @@ def test_an_indirectly_imported_helper_changes_exactly_the_stages_that_import_it
     # (so register and export too); dedup has its own Spark version of the key, and the
     # later stages read the label set clean published.
     assert _changed(tree, "textnorm/__init__.py") == {"clean", "labelqa", "train", "register",
-                                                      "export"}
+                                                      "export", "deploy"}
 
 
 def test_shipped_data_files_are_part_of_the_version(tree):
     # New detector weights are new masked output, never a cache hit on the old text.
-    assert _changed(tree, "pii/data/token_models.json.gz", b"\0") == {"desensitize", "validate"}
+    assert _changed(tree, "pii/data/token_models.json.gz", b"\0") == {"desensitize", "validate", "train",
+                                                                     "deploy"}
 
 
 def test_a_module_no_stage_imports_changes_no_key(tree):
@@ -131,11 +134,12 @@ def test_a_new_import_is_followed(tree):
 # What each package may import from the project (besides itself). Stages may use the
 # libraries and core; the two stage-to-stage edges are the model code (export builds the
 # trained model) and the ONNX runtime (deploy serves the export's build).
-LIBRARIES = {"core", "textnorm", "pii"}
+LIBRARIES = {"core", "textnorm", "pii", "contract"}
 ALLOWED = {
     "core": {"core"},
     "textnorm": {"core"},
     "pii": {"core", "textnorm"},
+    "contract": {"core", "textnorm", "pii"},
     "jobs": LIBRARIES,
     "quality": LIBRARIES,
     "training": LIBRARIES,
@@ -173,9 +177,10 @@ def test_the_layer_table_is_the_documented_one():
 
 
 def test_serving_modules_import_no_pipeline_code():
-    """The model server, router and build runtime run in the serving image without core."""
+    """The model server, router and build runtime run in the serving image: no pipeline code
+    beyond the build's contract (its preprocessing: the normalization and the PII detector)."""
     for rel in ("deploy/server.py", "deploy/router.py", "export/runtime.py"):
-        assert _project_imports(ROOT / rel) <= {"export", "deploy"}, rel
+        assert _project_imports(ROOT / rel) <= {"export", "deploy", "contract"}, rel
 
 
 # --------------------------------------------------------------------------- trigger form

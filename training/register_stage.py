@@ -51,7 +51,8 @@ def run(cfg: PipelineConfig, run_id: str) -> stage.StageResult:
     stage_cfg = {"model": t.registered_model, "metric": t.metric, "margin": t.margin,
                  "min_invariance": t.min_invariance, "min_functionality": t.min_functionality,
                  "behaviour_sample": t.behaviour_sample, "min_placeholder_share": t.min_placeholder_share,
-                 "probes_file": t.probes_file, "probes_sha256": _probes_digest(cfg)}
+                 "probes_file": t.probes_file, "probes_sha256": _probes_digest(cfg),
+                 "max_oos_recall_drop": cfg.oos.max_recall_drop}
     code = stages.code_version(REGISTER)
 
     def work(out: Path) -> dict[str, Any]:
@@ -75,12 +76,14 @@ def run(cfg: PipelineConfig, run_id: str) -> stage.StageResult:
         for c in checks["checks"]:
             client.log_metric(rid, f"check_{c['name']}", c["rate"])
         client.log_artifact(rid, str(out / "behaviour.json"))
-        metrics = {k: stats[k] for k in ("test_accuracy", "test_macro_f1") if stats.get(k) is not None}
+        metrics = {k: stats[k] for k in ("test_accuracy", "test_macro_f1", "test_in_scope_accuracy",
+                                         registry.OOS_METRIC) if stats.get(k) is not None}
         decision = registry.register_if_better(
             client, t.registered_model, stats["model_uri"], rid,
             fingerprint=f"{tr.manifest['key']}:{rid}", metrics=metrics, checks=checks,
             metric=t.metric, margin=t.margin, lock_path=cfg.lake / ".registry.lock",
-            labels=predictor.labels, tracking_uri=tracking.tracking_uri(cfg))
+            labels=predictor.labels, tracking_uri=tracking.tracking_uri(cfg),
+            max_oos_recall_drop=cfg.oos.max_recall_drop)
         (out / "decision.json").write_text(json.dumps(decision, indent=2))
         log.info("registration: %s", decision["reason"])
         return {"rows_in": None, "kept": None, **decision, "checks_passed": checks["passed"],

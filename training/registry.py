@@ -170,27 +170,42 @@ def champion_label_change(client, name: str, labels: list[str],
     return None
 
 
+OOS_METRIC = "test_oos_recall"
+
+
 def champion(client, name: str, metric: str) -> tuple[str | None, float | None]:
     """(version, metric value of its training run) of the ``champion`` alias, if any."""
+    version, metrics = champion_metrics(client, name)
+    return version, metrics.get(metric)
+
+
+def champion_metrics(client, name: str) -> tuple[str | None, dict[str, float]]:
+    """(version, every metric of its training run) of the ``champion`` alias, if any."""
     from mlflow.exceptions import MlflowException
 
     try:
         mv = client.get_model_version_by_alias(name, "champion")
     except MlflowException:
-        return None, None
-    value = None
-    if mv.run_id:
-        value = client.get_run(mv.run_id).data.metrics.get(metric)
-    return str(mv.version), value
+        return None, {}
+    return str(mv.version), dict(client.get_run(mv.run_id).data.metrics) if mv.run_id else {}
 
 
 def decide(metrics: dict[str, float], checks: dict[str, Any], champ_version: str | None,
-           champ_value: float | None, metric: str, margin: float) -> Decision:
+           champ_value: float | None, metric: str, margin: float,
+           champ_oos_recall: float | None = None, max_oos_recall_drop: float | None = None) -> Decision:
+    """Behavioural checks, then out-of-scope recall (when both models have it: the
+    challenger may lose at most ``max_oos_recall_drop``), then ``metric`` by ``margin``."""
     failed = [c for c in checks.get("checks", []) if not c["passed"]]
     if failed:
         return Decision(False, "behavioural checks failed: " + ", ".join(
             f"{c['name']} {c['rate']:.3f} < {c['threshold']}" if c.get("rate") is not None
             and c.get("threshold") is not None else c["name"] for c in failed), champ_version, champ_value)
+    recall = metrics.get(OOS_METRIC)
+    if (max_oos_recall_drop is not None and recall is not None and champ_oos_recall is not None
+            and recall < champ_oos_recall - max_oos_recall_drop - 1e-9):
+        return Decision(False, f"out-of-scope recall {recall:.4f} is more than {max_oos_recall_drop} "
+                               f"below champion v{champ_version}'s ({champ_oos_recall:.4f})",
+                        champ_version, champ_value)
     value = metrics.get(metric)
     if value is None:
         return Decision(False, f"the run has no {metric} metric", champ_version, champ_value)
@@ -252,6 +267,7 @@ def register_if_better(
     lock_path: str | Path,
     labels: list[str] | None = None,
     tracking_uri: str | None = None,
+    max_oos_recall_drop: float | None = None,
 ) -> dict[str, Any]:
     """Apply the gate; register (or find again) the version and move ``challenger``.
 
@@ -264,8 +280,10 @@ def register_if_better(
             return {"registered": True, "version": str(existing.version), "reused": True,
                     "reason": existing.tags.get(REASON_TAG, "registered earlier for this run"),
                     "champion_version": None, "champion_value": None}
-        champ_version, champ_value = champion(client, name, metric)
-        d = decide(metrics, checks, champ_version, champ_value, metric, margin)
+        champ_version, champ_metrics = champion_metrics(client, name)
+        champ_value = champ_metrics.get(metric)
+        d = decide(metrics, checks, champ_version, champ_value, metric, margin,
+                   champ_metrics.get(OOS_METRIC), max_oos_recall_drop)
         change = (champion_label_change(client, name, labels, tracking_uri)
                   if d.register and labels is not None and champ_version else None)
         if change is not None:

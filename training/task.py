@@ -113,9 +113,40 @@ def preflight(cfg: PipelineConfig, labels: list[str]) -> None:
     from training import behaviour
 
     refuse_label_change(cfg, labels)
+    from training.contract import oos_label
+
+    if (label := oos_label(cfg.oos)) is not None and label not in labels:
+        raise stage.StageError(
+            f"oos.label {cfg.oos.label!r} never occurs in this run's data: the label set has "
+            f"{len(labels)} labels ({', '.join(labels[:8])}{', ...' if len(labels) > 8 else ''}); "
+            "name the label your export gives out-of-scope messages, or leave oos.label empty")
     if cfg.training.probes_file.strip():
         probes = behaviour.load_probes(cfg.resolve_path(cfg.training.probes_file))
         behaviour.check_probe_labels(probes, labels, cfg.training.probes_file)
+
+
+def _attach_contract(cfg: PipelineConfig, run_id: str, qa: stage.StageResult, model_dir: Path,
+                     mlflow_run_id: str) -> dict[str, Any]:
+    """The model's serving contract (``training.contract``): the masking the desensitize
+    stage applied, and the reject rule calibrated on val; its figures go to the MLflow run."""
+    from contract import preprocess
+    from training import contract
+    from training.data import load_curated
+
+    desens = stage.upstream(cfg.lake, run_id, "desensitize").manifest
+    text_spec = preprocess.spec(desens["stats"]["mode"], desens["config"].get("key_id"))
+    splits = load_curated(Path(qa.path) / "curated", runs.run_labels(cfg.lake, run_id))
+    try:
+        figures = contract.attach(model_dir, splits, cfg.oos, text_spec)
+    except ValueError as exc:
+        raise stage.StageError(str(exc)) from exc
+    client = tracking.mlflow_client(cfg)
+    for k, v in figures.items():
+        if isinstance(v, int | float) and not isinstance(v, bool):
+            client.log_metric(mlflow_run_id, k, float(v))
+    client.set_tag(mlflow_run_id, "intentops.reject_rule", figures["reject_note"][:5000])
+    log.info("reject rule: %s", figures["reject_note"])
+    return figures
 
 
 def run(cfg: PipelineConfig, run_id: str) -> stage.StageResult:
@@ -127,7 +158,8 @@ def run(cfg: PipelineConfig, run_id: str) -> stage.StageResult:
     t = cfg.training
     inputs = {"labelqa": {"key": qa.manifest["key"]}}
     stage_cfg = {"hparams": hp.model_dump(), "nproc_per_node": t.nproc_per_node, "nnodes": t.nnodes,
-                 "labels": Path(labels_file).read_text()}
+                 "labels": Path(labels_file).read_text(),
+                 "oos": cfg.oos.model_dump(exclude={"max_recall_drop"})}
     code = stages.code_version(TRAIN)
     key = stage.stage_key(TRAIN, inputs, stage_cfg, code)
     work_dir = cfg.lake / TRAIN / f".work-{key}"
@@ -149,6 +181,7 @@ def run(cfg: PipelineConfig, run_id: str) -> stage.StageResult:
         if proc.returncode != 0:
             tail = "\n".join(proc.stdout.strip().splitlines()[-15:])
             raise stage.StageError(f"torchrun exited with {proc.returncode}; last lines:\n{tail}")
+        figures = _attach_contract(cfg, run_id, qa, work_dir / "model", rid)
         model_uri = _log_model(cfg, rid, work_dir / "model")
         for name in ("model", "metrics.json", "history.jsonl", "confusion_matrix.png",
                      "classification_report.json", "config.json"):
@@ -168,6 +201,7 @@ def run(cfg: PipelineConfig, run_id: str) -> stage.StageResult:
             "steps": m.get("steps"),
             "train_samples_per_s": m.get("train_samples_per_s"),
             "world_size": m.get("world_size"),
+            **figures,
             "mlflow_run_id": rid,
             "model_uri": model_uri,
         }
@@ -180,5 +214,12 @@ def run(cfg: PipelineConfig, run_id: str) -> stage.StageResult:
 
 def check(cfg: PipelineConfig, result: stage.StageResult) -> str:
     s = result.manifest["stats"]
-    return (f"test accuracy {s.get('test_accuracy')}, MLflow run {s.get('mlflow_run_id')}, "
-            f"model {s.get('model_uri')}")
+    oos = ""
+    if s.get("test_in_scope_accuracy") is not None:
+        oos = f", in-scope accuracy {s['test_in_scope_accuracy']:.4f} with the reject rule"
+    if s.get("test_oos_recall") is not None:
+        oos += f", out-of-scope recall {s['test_oos_recall']:.4f}"
+        if s.get("test_oos_precision") is not None:
+            oos += f" (precision {s['test_oos_precision']:.4f})"
+    return (f"test accuracy {s.get('test_accuracy')}{oos}; {s.get('reject_note', 'no reject rule')}; "
+            f"MLflow run {s.get('mlflow_run_id')}, model {s.get('model_uri')}")

@@ -324,6 +324,7 @@ def run(cfg: PipelineConfig, run_id: str | None = None, spark: SparkSession | No
         "input": cfg.input.model_dump(exclude={"path"}),
         "clean": cfg.clean.model_dump(),
         "labels": sorted(labels) if labels is not None else "infer",
+        "oos_label": cfg.oos.label,
     }
 
     def work(out: Path) -> dict[str, Any]:
@@ -355,6 +356,13 @@ def run(cfg: PipelineConfig, run_id: str | None = None, spark: SparkSession | No
                 check_label_fit(checked, by_reason, total, str(src), cfg.clean.labels_file)
             kept_view(flagged).write.parquet(str(out / "kept"))
             quarantine_view(flagged).write.parquet(str(out / "quarantine"))
+            oos = textnorm.normalize_label(cfg.oos.label) if cfg.oos.label else None
+            if oos is not None and oos not in kept_labels:
+                raise stage.StageError(
+                    f"{src}: oos.label {cfg.oos.label!r} never occurs among the rows that pass "
+                    f"cleaning (labels: {', '.join(sorted(kept_labels)[:8])}"
+                    f"{', ...' if len(kept_labels) > 8 else ''}); name the label your export "
+                    "gives out-of-scope messages, or leave oos.label empty")
             if len(kept_labels) < 2:
                 raise stage.StageError(
                     f"{src}: the rows that pass cleaning carry {len(kept_labels)} label(s) "

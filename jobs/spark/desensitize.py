@@ -21,8 +21,6 @@ or:           intentops desensitize --run-id RUN
 
 from __future__ import annotations
 
-import hashlib
-import hmac
 import json
 import os
 import sys
@@ -36,6 +34,7 @@ from core import stage, stages
 from core.config import DesensitizeConfig, PipelineConfig
 from jobs.spark import common
 from pii import detector as pii
+from pii.pseudonyms import key_id
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
@@ -63,14 +62,6 @@ def pseudonym_key(cfg: DesensitizeConfig) -> bytes | None:
             f'--conn-password "$(openssl rand -hex 32)"`). Keys never go in config files.'
         )
     return key.encode("utf-8")
-
-
-def key_id(key: bytes | None) -> str | None:
-    """A public fingerprint of the key: part of the stage key (a new key means new
-    pseudonyms, so no cache hit) without the key itself in any manifest."""
-    if key is None:
-        return None
-    return hmac.new(key, b"intentops/key-id", hashlib.sha256).hexdigest()[:16]
 
 
 def mask_fn(mode: str, key: bytes | None, text_idx: int):
