@@ -112,13 +112,22 @@ def main() -> None:
     ap.add_argument("--results", default="benchmarks/results/oos_serving.json")
     args = ap.parse_args()
 
-    from core import stage
-    from core.config import load_config
     from data_stages import cpu_model, write_results
-    from serving_compare import Contender, body_predict, labels_predict, measured, settle, start, stop, wait_ready
+    from serving_compare import (
+        Contender,
+        body_predict,
+        labels_predict,
+        measured,
+        settle,
+        start,
+        stop,
+        wait_ready,
+    )
 
     from contract import reject
     from contract.preprocess import Preprocessor
+    from core import stage
+    from core.config import load_config
     from export.runtime import OnnxClassifier
     from textnorm import normalize_label
 

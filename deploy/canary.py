@@ -37,7 +37,6 @@ from typing import Any
 import httpx
 
 from core import tracking
-from textnorm import normalize_label
 from core.config import PipelineConfig
 from deploy.deployment import (
     ALIAS_CHALLENGER,
@@ -48,6 +47,7 @@ from deploy.deployment import (
     DeployError,
     Deployment,
 )
+from textnorm import normalize_label
 
 log = logging.getLogger(__name__)
 

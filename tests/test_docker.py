@@ -37,9 +37,10 @@ from urllib.parse import urlsplit
 import pytest
 import yaml
 from conftest import ROOT
-from core.codeversion import code_version
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
+
+from core.codeversion import code_version
 
 DOCKER = ROOT / "docker"
 COMPOSE = DOCKER / "compose.yaml"
