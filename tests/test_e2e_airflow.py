@@ -145,7 +145,11 @@ def test_dag_trains_with_torchrun_and_registers_a_challenger(first_run, airflow_
     mlflow.set_tracking_uri(env["MLFLOW_TRACKING_URI"])
     model = mlflow.pyfunc.load_model("models:/intentops-banking77@champion")
     out = model.predict(pd.DataFrame({"text": ["I lost my card", "how do I top up?"]}))
-    assert list(out.columns) == ["label", "score"] and len(out) == 2
+    assert list(out.columns) == ["label", "score", "oos"] and len(out) == 2
+    # the pyfunc keeps the model's contract too: a name is masked before the model sees it
+    pair = model.predict(pd.DataFrame({"text": ["my name is Sarah Connor and my card has not arrived",
+                                                "my name is <PERSON> and my card has not arrived"]}))
+    assert pair.iloc[0].to_dict() == pair.iloc[1].to_dict()
 
 
 def test_dag_exports_onnx_builds_attached_to_the_registered_version(first_run, airflow_env, tmp_path):

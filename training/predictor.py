@@ -69,17 +69,40 @@ class Predictor:
 
 class IntentClassifierModel(_PythonModel):
     """pyfunc: a DataFrame with a ``text`` column (or a list of strings) in, a DataFrame
-    with ``label`` and ``score`` out."""
+    with ``label``, ``score`` and ``oos`` out. It keeps the model's contract
+    (``contract.json``, written by the train stage) like the model server does: each text
+    is normalized and PII-masked as the training data was, and the reject rule decides
+    ``oos`` (``label`` is then the out-of-scope label, or empty when the set has none)."""
 
     def load_context(self, context) -> None:
-        self.predictor = Predictor(context.artifacts["model_dir"])
+        import os
+
+        from contract.preprocess import Preprocessor
+        from contract.reject import RejectRule
+
+        model_dir = Path(context.artifacts["model_dir"])
+        self.predictor = Predictor(model_dir)
+        self.preprocess = None
+        self.rule = RejectRule.from_dict(None)
+        contract = model_dir / "contract.json"
+        if contract.is_file():
+            c = json.loads(contract.read_text())
+            key = os.environ.get("INTENTOPS_PSEUDONYM_KEY", "").encode() or None
+            self.preprocess = Preprocessor(c["text_preprocessing"], key=key)
+            self.rule = RejectRule.from_dict(c["reject"])
 
     def predict(self, context, model_input, params: dict[str, Any] | None = None):
         import pandas as pd
+
+        from contract.reject import decide, softmax
 
         if isinstance(model_input, pd.DataFrame):
             texts = model_input["text"].astype(str).tolist()
         else:
             texts = [str(t) for t in model_input]
-        labels, scores = self.predictor.predict(texts)
-        return pd.DataFrame({"label": labels, "score": scores})
+        if self.preprocess is not None:
+            texts = [self.preprocess(t) for t in texts]
+        answers = decide(softmax(self.predictor.logits(texts)), self.predictor.labels, self.rule)
+        return pd.DataFrame({"label": [a["label"] or "" for a in answers],
+                             "score": [a["score"] for a in answers],
+                             "oos": [a["oos"] for a in answers]})

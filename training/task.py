@@ -71,7 +71,8 @@ def _log_model(cfg: PipelineConfig, mlflow_run_id: str, model_dir: Path) -> str:
     mlflow.set_tracking_uri(tracking.tracking_uri(cfg))
     example = pd.DataFrame({"text": ["I still have not received my new card", "How do I change my PIN?"]})
     labels, scores = Predictor(model_dir).predict(example.text.tolist())
-    signature = infer_signature(example, pd.DataFrame({"label": labels, "score": scores}))
+    signature = infer_signature(example, pd.DataFrame({"label": labels, "score": scores,
+                                                       "oos": [False] * len(labels)}))
     with mlflow.start_run(run_id=mlflow_run_id):
         info = mlflow.pyfunc.log_model(
             name="model",
@@ -79,7 +80,8 @@ def _log_model(cfg: PipelineConfig, mlflow_run_id: str, model_dir: Path) -> str:
             artifacts={"model_dir": str(model_dir)},
             signature=signature,
             input_example=example,
-            code_paths=[str(PROJECT_ROOT / "training")],
+            # the model code, and its contract's preprocessing (normalization, PII detector)
+            code_paths=[str(PROJECT_ROOT / p) for p in ("training", "contract", "pii", "textnorm", "core")],
         )
     client.set_tag(mlflow_run_id, "intentops.model_uri", info.model_uri)
     return info.model_uri
