@@ -178,9 +178,29 @@ class Deployment:
         log.info("model server v%s (%s) ready at %s", version, role, proc["url"])
         return proc
 
+    def port_owner(self, port: int) -> str | None:
+        """The other dataset whose running router holds ``port`` (deployments side by side
+        under one ``deploy.root``), if any."""
+        if not port:
+            return None
+        for f in sorted(self.root.parent.glob("*/state.json")):
+            if f.parent == self.root:
+                continue
+            with contextlib.suppress(OSError, ValueError):
+                router = json.loads(f.read_text()).get("router")
+                if router and self.alive(router) and router.get("url", "").rsplit(":", 1)[-1] == str(port):
+                    return f.parent.name
+        return None
+
     def ensure_router(self, state: dict[str, Any]) -> dict[str, Any]:
         if self.alive(state.get("router")):
             return state["router"]
+        owner = self.port_owner(self.d.router_port)
+        if owner is not None:
+            raise DeployError(
+                f"deploy.router_port {self.d.router_port} is taken by the router of dataset "
+                f"{owner!r}; give dataset {self.cfg.dataset!r} its own port (deploy.router_port "
+                "in its config file)")
         stable = state.get("stable") if self.alive(state.get("stable")) else None
         args = ["--stable", stable["url"]] if stable else []
         # A fixed, documented port for clients (router_port 0: any free port, for tests).

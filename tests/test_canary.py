@@ -207,3 +207,20 @@ def test_canary_that_never_becomes_ready_is_aborted(registry, tmp_path):
     bad.mkdir()
     with pytest.raises(DeployError, match="exited .*before it was ready|not ready after"):
         dep.start_server(bad, "9", "canary")
+
+
+def test_a_second_dataset_cannot_take_the_port_of_anothers_router(tmp_path):
+    """Deployments live side by side under one deploy.root; a dataset whose configured
+    router port is held by another dataset's running router is refused with the fix."""
+    import os
+
+    me = psutil.Process(os.getpid())
+    over = {"deploy.root": str(tmp_path), "deploy.router_port": 8299}
+    demo = Deployment(load_config(overrides={**over, "dataset": "banking77"}))
+    demo.save({"router": {"pid": me.pid, "create_time": me.create_time(), "url": "http://127.0.0.1:8299"},
+               "stable": None, "canary": None})
+    other = Deployment(load_config(overrides={**over, "dataset": "tickets"}))
+    assert other.port_owner(8299) == "banking77" and other.port_owner(8300) is None
+    with pytest.raises(DeployError, match="8299 is taken by the router of dataset 'banking77'.*tickets"):
+        other.ensure_router(other.state())
+    assert demo.port_owner(8299) is None  # its own router is not a collision

@@ -97,6 +97,14 @@ def test_split_never_separates_a_cluster_and_stratifies():
     assert (again == split).all()
 
 
+def test_a_class_with_a_single_example_trains_and_is_not_lost():
+    """A class with one message (a label file naming a rare intent) goes to train: a model
+    can learn it, and no empty test class skews the metrics; nothing is dropped."""
+    labels = ["a"] * 50 + ["b"] * 50 + ["lonely"]
+    split = labelqa.split_groups(pd.Series(labels), pd.Series(range(101)), (0.8, 0.1, 0.1), seed=0)
+    assert len(split) == 101 and split[-1] == "train"
+
+
 LABEL_STUDIO_TASK = {
     "type": "array",
     "items": {
