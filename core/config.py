@@ -260,8 +260,9 @@ class TrainingConfig(_Section):
     # Registration gate: the challenger must pass the behavioural checks and beat the
     # champion's `metric` by `margin`.
     metric: Literal["test_accuracy", "test_macro_f1"] = "test_accuracy"
-    margin: float = Field(0.0, ge=0.0, le=1.0, description="Register only when the metric beats "
-                          "the champion's by at least this")
+    margin: float = Field(0.0, ge=-1.0, le=1.0, description="Register only when the metric beats "
+                          "the champion's by at least this (negative: a challenger this much below "
+                          "the champion still registers, e.g. a retrain on fresher data)")
     # Behavioural checks (training/behaviour.py), run by the register stage. The two
     # invariances (PII placeholders, casing) run on `behaviour_sample` messages of the
     # curated val split and must keep `min_invariance` of the predictions unchanged.

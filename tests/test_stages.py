@@ -92,9 +92,9 @@ def test_the_copy_has_the_checkouts_versions(tree):
 def test_an_indirectly_imported_helper_changes_exactly_the_stages_that_import_it(tree):
     # pii/checksums.py: imported by pii/detector.py, which the desensitize job imports
     # directly and the validation gate through quality/validate_stage.py (two levels down);
-    # train records the preprocessing version in the model's contract and deploy's servers
-    # mask requests with it (contract/preprocess.py).
-    assert _changed(tree, "pii/checksums.py") == {"desensitize", "validate", "train", "deploy"}
+    # train records the preprocessing version in the model's contract, and register (the
+    # pyfunc) and deploy's servers mask requests with it (contract/preprocess.py).
+    assert _changed(tree, "pii/checksums.py") == {"desensitize", "validate", "train", "register", "deploy"}
     # training/models.py: train (through training.train, launched by torchrun), register
     # (the predictor) and export (the ONNX build loads the model class).
     assert _changed(tree, "training/models.py") == {"train", "register", "export"}
@@ -108,7 +108,7 @@ def test_an_indirectly_imported_helper_changes_exactly_the_stages_that_import_it
 def test_shipped_data_files_are_part_of_the_version(tree):
     # New detector weights are new masked output, never a cache hit on the old text.
     assert _changed(tree, "pii/data/token_models.json.gz", b"\0") == {"desensitize", "validate", "train",
-                                                                     "deploy"}
+                                                                     "register", "deploy"}
 
 
 def test_a_module_no_stage_imports_changes_no_key(tree):
