@@ -44,7 +44,7 @@ import pandas as pd
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "benchmarks"))
+sys.path.append(str(ROOT / "benchmarks"))  # after the project: benchmarks/export.py is a script
 
 KEY = "oos-bench-key-not-secret"
 
