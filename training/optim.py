@@ -44,8 +44,8 @@ def param_groups(model: nn.Module, weight_decay: float) -> list[dict[str, Any]]:
 def adamw(groups: list[dict[str, Any]], lr: float) -> torch.optim.AdamW:
     """AdamW with the fused kernel: one pass over all parameters instead of a loop of small
     tensor ops per parameter. On MiniLM (22M parameters, 2 cores) the optimizer step took
-    111 ms of a 320 ms training step with the default implementation and 34 ms fused
-    (docs/BENCHMARKS.md, issue 21); the update is the same AdamW."""
+    111 ms of a 312 ms training step with the default implementation and 34 ms fused
+    (benchmarks/train_step.py, docs/BENCHMARKS.md issue 21); the update is the same AdamW."""
     return torch.optim.AdamW(groups, lr=lr, fused=True)
 
 
