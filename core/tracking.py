@@ -100,9 +100,9 @@ def log_stage_run(
 def actor() -> str:
     """Who acts, for the alias history: ``INTENTOPS_ACTOR`` when the caller set it (the
     DAG's tasks: ``airflow:<dag>/<run id>``), else ``user:<login name>``."""
-    import getpass
+    from core import audit
 
-    return os.environ.get("INTENTOPS_ACTOR") or f"user:{getpass.getuser()}"
+    return audit.actor()
 
 
 def move_alias(client, name: str, alias: str, version: str | None, reason: str,
@@ -124,6 +124,9 @@ def move_alias(client, name: str, alias: str, version: str | None, reason: str,
         previous = None
     if previous == (None if version is None else str(version)):
         return
+    from core import audit
+
+    audit.check_writable()  # an alias move that cannot be recorded does not happen
     if version is None:
         client.delete_registered_model_alias(name, alias)
     else:
@@ -134,6 +137,8 @@ def move_alias(client, name: str, alias: str, version: str | None, reason: str,
              "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(now))}
     client.set_registered_model_tag(name, f"{HISTORY_PREFIX}{int(now * 1000):013d}.{alias}",
                                     json.dumps(entry))
+    audit.record("alias.move", f"{name}@{alias}", "removed" if version is None else f"v{version}",
+                 f"{reason} (was {'v' + previous if previous else 'unset'})", actor_=entry["by"])
 
 
 def alias_history(client, name: str) -> list[dict[str, Any]]:

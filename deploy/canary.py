@@ -36,7 +36,7 @@ from typing import Any
 
 import httpx
 
-from core import tracking
+from core import audit, tracking
 from core.config import PipelineConfig
 from deploy.deployment import (
     ALIAS_CHALLENGER,
@@ -332,6 +332,7 @@ def rollout(cfg: PipelineConfig, version: str, texts: list[str], labels: list[st
         dep.save(state)
         log.warning("canary v%s rolled back: %s", version, reason)
     _record(client, name, version, decision, reason)
+    audit.record("rollout", f"{name} v{version}", decision, reason)
     events.append({"t": time.time() - t0, "event": decision})
     result |= {"decision": decision, "reason": reason, "steps_passed": done, "steps": steps,
                "client_requests": summary["requests"], "client_failures": summary["failed"],

@@ -167,7 +167,8 @@ class Deployment:
         d = self.d
         proc = self._spawn("deploy.server", [
             "--build", str(build), "--threads", str(d.server_threads), "--max-batch", str(d.max_batch),
-            "--max-delay-ms", str(d.max_delay_ms), "--max-queue", str(d.max_queue), *(extra or [])],
+            "--max-delay-ms", str(d.max_delay_ms), "--max-queue", str(d.max_queue),
+            "--build-store", str(self.root / "builds"), *(extra or [])],
             {"INTENTOPS_API_KEYS": self._secret("internal_key"), "INTENTOPS_API_KEYS_FILE": None,
              # A build trained on pseudonymized text masks requests with the same key.
              "INTENTOPS_PSEUDONYM_KEY": (os.environ.get(self.cfg.desensitize.key_env)
@@ -202,7 +203,8 @@ class Deployment:
                 f"{owner!r}; give dataset {self.cfg.dataset!r} its own port (deploy.router_port "
                 "in its config file)")
         stable = state.get("stable") if self.alive(state.get("stable")) else None
-        args = ["--stable", stable["url"]] if stable else []
+        # The router may route only to this deployment's servers (their host).
+        args = ["--allow-upstream", f"http://{self.d.host}:"] + (["--stable", stable["url"]] if stable else [])
         # A fixed, documented port for clients (router_port 0: any free port, for tests).
         proc = self._spawn("deploy.router", args, {
             "INTENTOPS_API_KEYS_FILE": str(self.client_keys_file), "INTENTOPS_API_KEYS": None,
@@ -362,6 +364,9 @@ class Deployment:
         prev, champ = al.get(ALIAS_PREVIOUS), al.get(ALIAS_CHAMPION)
         if not prev:
             raise DeployError(f"{name} has no '{ALIAS_PREVIOUS}' version to roll back to")
+        from core import audit
+
+        audit.check_writable()
         state = self.state()
         self.ensure_router(state)
         new = self.start_server(self.fetch_build(name, prev), prev, "stable")
@@ -378,5 +383,6 @@ class Deployment:
         if champ:
             tracking.move_alias(client, name, ALIAS_PREVIOUS, champ, why)
             client.set_model_version_tag(name, champ, DECISION_TAG, "rolled_back_by_operator")
+        audit.record("rollback", f"{name} v{prev}", "done", why)
         log.info("rolled back: v%s serves, champion -> v%s, previous -> v%s", prev, prev, champ)
         return {"serving": prev, "champion": prev, "previous": champ}

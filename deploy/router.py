@@ -34,7 +34,6 @@ import asyncio
 import collections
 import contextlib
 import hashlib
-import hmac
 import json
 import logging
 import os
@@ -48,7 +47,7 @@ from fastapi import Depends, FastAPI, HTTPException, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from pydantic import BaseModel, ConfigDict, Field
 
-from deploy.server import load_api_keys
+from deploy.server import BodyLimit, key_matches, load_api_keys
 
 log = logging.getLogger("intentops.router")
 ROUTING_KEY = "x-routing-key"
@@ -79,6 +78,27 @@ class RouterConfig:
     max_inflight: int = 512
     max_shadow_inflight: int = 32
     window: int = 50_000  # events kept for /admin/stats
+    # Upstreams the routes may name: scheme://host:port prefixes. By default the loopback
+    # interface only (the deployment's servers), so an admin key cannot point client
+    # traffic, and the upstream key, at another host.
+    allowed_upstreams: tuple[str, ...] = ("http://127.0.0.1:", "http://localhost:")
+    max_body_bytes: int = 512 * 1024
+
+
+def upstream_allowed(url: str, allowed: tuple[str, ...]) -> bool:
+    from urllib.parse import urlsplit
+
+    try:
+        parts = urlsplit(url)
+        port = parts.port
+    except ValueError:
+        return False
+    if parts.scheme not in ("http", "https") or not parts.hostname or port is None:
+        return False
+    if parts.username or parts.password or parts.query or parts.fragment:
+        return False
+    base = f"{parts.scheme}://{parts.hostname}:{port}"
+    return any(base.startswith(a) if a.endswith(":") else base == a.rstrip("/") for a in allowed)
 
 
 def sticky_share(key: str) -> float:
@@ -171,6 +191,9 @@ class Router:
         self.metrics.weight.labels("stable").set(1 - w if self.routes.stable else 0.0)
 
     def update(self, upd: RoutesUpdate) -> Routes:
+        for url in (upd.stable, upd.canary):
+            if url and not upstream_allowed(url, self.cfg.allowed_upstreams):
+                raise ValueError("upstream not in the router's allow-list (--allow-upstream)")
         r = Routes(**asdict(self.routes))
         if upd.stable is not None:
             r.stable = upd.stable or None
@@ -234,6 +257,7 @@ def create_app(router: Router) -> FastAPI:
         await router.client.close()
 
     app = FastAPI(title="intentops router", version="1", lifespan=lifespan)
+    app.add_middleware(BodyLimit, limit=router.cfg.max_body_bytes)
 
     def _key(request: Request) -> str:
         bearer = request.headers.get("authorization", "")
@@ -241,13 +265,13 @@ def create_app(router: Router) -> FastAPI:
 
     # async: FastAPI runs a plain ``def`` dependency in its thread pool, a thread hop per request.
     async def auth(request: Request) -> None:
-        if router.cfg.api_keys and not any(hmac.compare_digest(_key(request), k) for k in router.cfg.api_keys):
+        if router.cfg.api_keys and not key_matches(_key(request), router.cfg.api_keys):
             raise HTTPException(401, "missing or unknown API key", headers={"WWW-Authenticate": "Bearer"})
 
     async def admin(request: Request) -> None:
         if not router.cfg.admin_keys:
             raise HTTPException(403, "no admin key configured (INTENTOPS_ADMIN_KEYS)")
-        if not any(hmac.compare_digest(_key(request), k) for k in router.cfg.admin_keys):
+        if not key_matches(_key(request), router.cfg.admin_keys):
             raise HTTPException(401, "missing or unknown admin key", headers={"WWW-Authenticate": "Bearer"})
 
     def answer(status: int, content: bytes, variant: str) -> Response:
@@ -308,8 +332,24 @@ def create_app(router: Router) -> FastAPI:
         return asdict(router.routes)
 
     @app.put("/admin/routes", dependencies=[Depends(admin)])
-    async def put_routes(upd: RoutesUpdate) -> dict[str, Any]:
-        return asdict(router.update(upd))
+    async def put_routes(upd: RoutesUpdate, request: Request) -> dict[str, Any]:
+        from core import audit
+        from deploy.server import key_actor
+
+        who = key_actor(_key(request))
+        change = json.dumps(upd.model_dump(exclude_none=True), sort_keys=True)
+        try:
+            audit.check_writable()
+        except audit.AuditError as exc:
+            log.error("%s", exc)
+            raise HTTPException(503, "routes unchanged: the audit log cannot be written") from None
+        try:
+            routes = asdict(router.update(upd))
+        except ValueError as exc:
+            audit.record("router.routes", change, "refused", str(exc), actor_=who)
+            raise HTTPException(422, str(exc)) from None
+        audit.record("router.routes", change, "done", "", actor_=who)
+        return routes
 
     @app.get("/admin/stats", dependencies=[Depends(admin)])
     async def stats(since: float = 0.0) -> dict[str, Any]:
@@ -331,13 +371,23 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-inflight", type=int, default=512)
     ap.add_argument("--timeout", type=float, default=10.0, help="seconds per upstream call")
     ap.add_argument("--no-auth", action="store_true", help="accept clients without API keys (local tests only)")
+    ap.add_argument("--allow-upstream", action="append", default=[], metavar="PREFIX",
+                    help="an upstream URL prefix the routes may name (scheme://host: or scheme://host:port); "
+                         "default: the loopback interface only")
+    ap.add_argument("--max-body-bytes", type=int, default=512 * 1024,
+                    help="larger request bodies are refused with 413 before they are read")
     args = ap.parse_args(argv)
     keys = load_api_keys()
     if not keys and not args.no_auth:
         ap.error("no API key configured: set INTENTOPS_API_KEYS or INTENTOPS_API_KEYS_FILE (or --no-auth)")
     admin = [k.strip() for k in os.environ.get("INTENTOPS_ADMIN_KEYS", "").split(",") if k.strip()]
     cfg = RouterConfig(api_keys=keys, admin_keys=admin, upstream_key=os.environ.get("INTENTOPS_UPSTREAM_KEY", ""),
-                       timeout_s=args.timeout, max_inflight=args.max_inflight)
+                       timeout_s=args.timeout, max_inflight=args.max_inflight,
+                       max_body_bytes=args.max_body_bytes,
+                       **({"allowed_upstreams": tuple(args.allow_upstream)} if args.allow_upstream else {}))
+    for url in (args.stable, args.canary):
+        if url and not upstream_allowed(url, cfg.allowed_upstreams):
+            ap.error(f"upstream {url} is not in the allow-list {list(cfg.allowed_upstreams)}")
     router = Router(cfg, Routes(args.stable, args.canary, args.weight, args.shadow))
     # uvloop and httptools explicitly (uvicorn's "auto" silently falls back to asyncio and h11).
     uvicorn.run(create_app(router), host=args.host, port=args.port, log_level="info", access_log=False,

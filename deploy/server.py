@@ -83,12 +83,21 @@ class ServerConfig:
     # answered 500, and a delay added to every request. Off by default.
     inject_fail_rate: float = 0.0
     inject_delay_ms: float = 0.0
+    # Fault drill: a batch holding a text that contains this marker fails inside the model
+    # (the isolation of batch neighbours is tested with it). Empty: off.
+    inject_poison: str = ""
     # The build's recorded preprocessing version may differ from this server's (an upgraded
     # detector): refused unless this is set.
     allow_preprocessing_drift: bool = False
     # Benchmarks only: serve without masking requests (the model then sees raw personal data).
     unsafe_no_masking: bool = False
     pseudonym_key: bytes | None = None  # for builds whose training text was pseudonymized
+    # Bodies larger than this are refused with 413 before they are read: 64 texts of 1,000
+    # characters, each escaped as \\uXXXX in JSON (6 bytes), fit in 400 KB.
+    max_body_bytes: int = 512 * 1024
+    # /admin/reload of a build folder: only from inside this folder (the deployment's
+    # builds/, filled from the registry); None refuses build-folder reloads.
+    build_store: Path | None = None
 
 
 def load_api_keys(env: dict[str, str] | None = None) -> list[str]:
@@ -98,6 +107,69 @@ def load_api_keys(env: dict[str, str] | None = None) -> list[str]:
         keys += [k.strip() for k in Path(env["INTENTOPS_API_KEYS_FILE"]).read_text().splitlines()
                  if k.strip() and not k.startswith("#")]
     return keys
+
+
+def presented_key(request: Request) -> str:
+    bearer = request.headers.get("authorization", "")
+    return bearer[7:].strip() if bearer.lower().startswith("bearer ") else (request.headers.get("x-api-key") or "")
+
+
+def key_actor(key: str) -> str:
+    """Who called, for the audit log: a fingerprint of the key, never the key."""
+    import hashlib
+
+    return "key:" + hashlib.sha256(key.encode("utf-8", "surrogatepass")).hexdigest()[:12]
+
+
+def key_matches(given: str, keys: Sequence[str]) -> bool:
+    """Constant-time comparison on bytes: a key with non-ASCII characters (or anything a
+    header can carry) is simply not a match, never an error."""
+    raw = given.encode("utf-8", "surrogatepass")
+    return any(hmac.compare_digest(raw, k.encode("utf-8", "surrogatepass")) for k in keys)
+
+
+class BodyLimit:
+    """ASGI middleware: a request body over ``limit`` bytes is answered 413 before it is
+    read (by its Content-Length) or as soon as it passes the limit (chunked), so a 50 MB
+    body is neither buffered nor parsed."""
+
+    def __init__(self, app, limit: int) -> None:
+        self.app, self.limit = app, limit
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        length = dict(scope.get("headers") or []).get(b"content-length")
+        if length is not None and (not length.isdigit() or int(length) > self.limit):
+            await self._refuse(send)
+            return
+        seen = 0
+
+        async def limited():
+            nonlocal seen
+            message = await receive()
+            if message["type"] == "http.request":
+                seen += len(message.get("body", b""))
+                if seen > self.limit:
+                    raise _TooLarge
+            return message
+
+        try:
+            await self.app(scope, limited, send)
+        except _TooLarge:
+            await self._refuse(send)
+
+    async def _refuse(self, send) -> None:
+        body = json.dumps({"detail": f"request body over {self.limit} bytes"}).encode()
+        await send({"type": "http.response.start", "status": 413,
+                    "headers": [(b"content-type", b"application/json"),
+                                (b"content-length", str(len(body)).encode()), (b"connection", b"close")]})
+        await send({"type": "http.response.body", "body": body})
+
+
+class _TooLarge(Exception):
+    pass
 
 
 class PredictRequest(BaseModel):
@@ -139,15 +211,37 @@ class LoadedModel:
     rule: RejectRule
 
 
-def resolve_source(build: str | None, model_uri: str | None, dst: Path) -> tuple[Path, str]:
-    """A local build folder, or an MLflow model URI downloaded to ``dst``; (folder, version)."""
+class RefusedBuild(ValueError):
+    """A build this server will not load; the message is safe to show a caller (no paths)."""
+
+
+def passed_gate(pre: dict[str, Any]) -> bool:
+    """Fail closed: an int8 build serves only when its gate recorded ``passed``; an fp32
+    build exists only when its parity check passed (the export raises otherwise)."""
+    return pre.get("status") == "passed" or (pre.get("build") == "fp32" and "status" not in pre)
+
+
+def resolve_source(build: str | None, model_uri: str | None, dst: Path,
+                   store: Path | None = None) -> tuple[Path, str]:
+    """A local build folder, or an MLflow model URI downloaded to ``dst``; (folder, version).
+
+    ``store``: when given, a build folder must lie inside it (a reload serves only what the
+    deployment fetched from the registry into its ``builds/``). A build whose gate did not
+    pass is refused, and so is one whose gate status is missing."""
     if build:
         from export.runtime import resolve_build
 
+        if store is not None:
+            real, root = Path(build).resolve(), store.resolve()
+            if real != root and root not in real.parents:
+                raise RefusedBuild("the build is not in this server's build store")
         pre = json.loads(resolve_build(build)["preprocessing.json"].read_text())
+        if not passed_gate(pre):
+            raise RefusedBuild("the build did not pass its export gate (or records no gate status); "
+                               "not serving it")
         return Path(build), str(pre.get("model_version", Path(build).name))
     if not model_uri:
-        raise ValueError("give a build folder or a model URI")
+        raise RefusedBuild("give a build folder or a model URI")
     import mlflow
 
     folder = Path(mlflow.artifacts.download_artifacts(artifact_uri=model_uri, dst_path=str(dst)))
@@ -156,8 +250,8 @@ def resolve_source(build: str | None, model_uri: str | None, dst: Path) -> tuple
         import yaml
 
         meta = (yaml.safe_load((folder / "MLmodel").read_text()) or {}).get("metadata") or {}
-    if meta.get("intentops.status") == "failed":
-        raise ValueError(f"{model_uri} is an int8 build that failed its accuracy gate; not serving it")
+    if meta.get("intentops.status") != "passed":
+        raise RefusedBuild(f"{model_uri} is not a build that passed its export gate; not serving it")
     return folder, str(meta.get("intentops.model_version", model_uri))  # export's metadata
 
 
@@ -215,9 +309,11 @@ def predict_by_length(clf: OnnxClassifier, texts: Sequence[str]) -> np.ndarray:
     return probs
 
 
-def answer(model: LoadedModel, texts: Sequence[str]) -> list[dict[str, Any]]:
+def answer(model: LoadedModel, texts: Sequence[str], poison: str = "") -> list[dict[str, Any]]:
     """What the batch worker runs: preprocess each text as the training data was, predict,
     apply the reject rule."""
+    if poison and any(poison in t for t in texts):
+        raise RuntimeError("injected poison text")
     if model.preprocess is not None:
         texts = [model.preprocess(t) for t in texts]
     probs = predict_by_length(model.classifier, texts)
@@ -286,11 +382,19 @@ class Batcher:
             texts = [t for j in jobs for t in j.texts]
             self.server.metrics.batch.observe(len(texts))
             try:
-                answers = await asyncio.to_thread(answer, model, texts)
-            except Exception as exc:  # the model failed: every waiting request gets a 500
+                answers = await asyncio.to_thread(answer, model, texts, self.server.cfg.inject_poison)
+            except Exception:  # noqa: BLE001 - one request's rows must not fail its neighbours
+                # Each request of the batch again on its own: only the one that still fails
+                # is answered 500.
                 for j in jobs:
-                    if not j.future.done():
-                        j.future.set_exception(exc)
+                    try:
+                        mine = await asyncio.to_thread(answer, model, j.texts, self.server.cfg.inject_poison)
+                    except Exception as exc:  # noqa: BLE001
+                        if not j.future.done():
+                            j.future.set_exception(exc)
+                    else:
+                        if not j.future.done():
+                            j.future.set_result((model.version, mine))
                 continue
             i = 0
             for j in jobs:
@@ -343,17 +447,14 @@ def create_app(server: ModelServer, initial: tuple[Path, str, str] | None = None
         server.batcher.task.cancel()
 
     app = FastAPI(title="intentops model server", version="1", lifespan=lifespan)
+    app.add_middleware(BodyLimit, limit=server.cfg.max_body_bytes)
 
     # async, like every dependency here: FastAPI runs a plain ``def`` dependency in its
     # thread pool, one thread hop per request.
     async def auth(request: Request) -> None:
         if not server.cfg.api_keys:
             return
-        given = request.headers.get("x-api-key") or ""
-        bearer = request.headers.get("authorization", "")
-        if bearer.lower().startswith("bearer "):
-            given = bearer[7:].strip()
-        if not any(hmac.compare_digest(given, k) for k in server.cfg.api_keys):
+        if not key_matches(presented_key(request), server.cfg.api_keys):
             raise HTTPException(401, "missing or unknown API key", headers={"WWW-Authenticate": "Bearer"})
 
     @app.post("/v1/predict", response_model=PredictResponse, dependencies=[Depends(auth)])
@@ -366,6 +467,10 @@ def create_app(server: ModelServer, initial: tuple[Path, str, str] | None = None
             if len(texts) > server.cfg.max_items:
                 raise HTTPException(413, f"{len(texts)} texts in one request; at most {server.cfg.max_items}")
             for i, t in enumerate(texts):
+                try:
+                    t.encode("utf-8")
+                except UnicodeEncodeError:  # a lone surrogate: valid JSON, not valid Unicode
+                    raise HTTPException(422, f"text {i} is not valid Unicode (a lone surrogate)") from None
                 if not t.strip():
                     raise HTTPException(422, f"text {i} is empty")
                 if len(t) > server.cfg.max_chars:
@@ -422,17 +527,39 @@ def create_app(server: ModelServer, initial: tuple[Path, str, str] | None = None
         return PlainTextResponse(generate_latest(server.metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
     @app.post("/admin/reload", dependencies=[Depends(auth)])
-    async def reload(req: ReloadRequest) -> dict[str, str]:
+    async def reload(req: ReloadRequest, request: Request) -> dict[str, str]:
         import tempfile
+
+        from core import audit
+
+        who, target = key_actor(presented_key(request)), req.build or req.model_uri or ""
+        try:
+            audit.check_writable()
+        except audit.AuditError as exc:
+            log.error("%s", exc)
+            raise HTTPException(503, "reload refused: the audit log cannot be written") from None
+
+        def refused(message: str) -> HTTPException:
+            audit.record("server.reload", target, "refused", message, actor_=who)
+            return HTTPException(422, f"reload refused: {message}")
 
         async with server._reload_lock:
             try:
+                if req.build and server.cfg.build_store is None:
+                    raise RefusedBuild("this server reloads build folders only from a build store "
+                                       "(--build-store); reload a model URI instead")
                 dst = Path(tempfile.mkdtemp(prefix="intentops-serve-"))
-                folder, version = await asyncio.to_thread(resolve_source, req.build, req.model_uri, dst)
+                folder, version = await asyncio.to_thread(resolve_source, req.build, req.model_uri, dst,
+                                                          server.cfg.build_store)
                 model = await asyncio.to_thread(server.load, folder, version, req.build or req.model_uri or "")
-            except Exception as exc:
-                raise HTTPException(422, f"reload refused: {exc}") from None
+            except RefusedBuild as exc:
+                raise refused(str(exc)) from None
+            except Exception:  # noqa: BLE001 - details (paths) go to the log, not to the caller
+                log.exception("reload failed")
+                raise refused("the build could not be loaded (see the server log); the current "
+                              "model keeps serving") from None
             server.swap(model)
+            audit.record("server.reload", target, f"serving {version}", "", actor_=who)
         return {"status": "reloaded", "model_version": version}
 
     return app
@@ -459,6 +586,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--inject-fail-rate", type=float, default=0.0,
                     help="canary drills: answer this share of requests with 500")
     ap.add_argument("--inject-delay-ms", type=float, default=0.0, help="canary drills: delay every request")
+    ap.add_argument("--inject-poison", default="", help="fault drills: a text holding this fails in the model")
+    ap.add_argument("--max-body-bytes", type=int, default=512 * 1024,
+                    help="larger request bodies are refused with 413 before they are read")
+    ap.add_argument("--build-store", help="the folder /admin/reload may load build folders from "
+                    "(the deployment's builds/); without it only model-URI reloads are accepted")
     ap.add_argument("--allow-preprocessing-drift", action="store_true",
                     help="serve a build whose training text was masked by another PII-detector version")
     ap.add_argument("--unsafe-no-masking", action="store_true",
@@ -469,8 +601,10 @@ def main(argv: list[str] | None = None) -> int:
         ap.error("no API key configured: set INTENTOPS_API_KEYS or INTENTOPS_API_KEYS_FILE (or --no-auth)")
     cfg = ServerConfig(max_batch=args.max_batch, max_delay_ms=args.max_delay_ms, max_queue=args.max_queue,
                        threads=args.threads, spin=args.spin, api_keys=keys, inject_fail_rate=args.inject_fail_rate,
-                       inject_delay_ms=args.inject_delay_ms,
+                       inject_delay_ms=args.inject_delay_ms, inject_poison=args.inject_poison,
                        allow_preprocessing_drift=args.allow_preprocessing_drift,
+                       max_body_bytes=args.max_body_bytes,
+                       build_store=Path(args.build_store) if args.build_store else None,
                        unsafe_no_masking=args.unsafe_no_masking,
                        pseudonym_key=os.environ.get("INTENTOPS_PSEUDONYM_KEY", "").encode() or None)
     folder, version = resolve_source(args.build, args.model_uri, Path(tempfile.mkdtemp(prefix="intentops-serve-")))

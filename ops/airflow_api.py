@@ -5,6 +5,7 @@ its generated models add little for the four calls needed here."""
 
 from __future__ import annotations
 
+import json
 import time
 from typing import Any
 
@@ -51,7 +52,12 @@ class AirflowApi:
         raise TimeoutError(f"{dag_id} did not show up in the API within {timeout:.0f}s")
 
     def trigger(self, conf: dict[str, Any], dag_id: str = DAG) -> str:
-        return self("POST", f"/dags/{dag_id}/dagRuns", json={"logical_date": None, "conf": conf})["dag_run_id"]
+        from core import audit
+
+        audit.check_writable()
+        run_id = self("POST", f"/dags/{dag_id}/dagRuns", json={"logical_date": None, "conf": conf})["dag_run_id"]
+        audit.record("dag.trigger", f"{dag_id}/{run_id}", "triggered", json.dumps(conf, sort_keys=True)[:500])
+        return run_id
 
     def create_backfill(self, body: dict[str, Any], retries: int = 10) -> dict[str, Any]:
         """``POST /backfills``, safe to retry on SQLite's "database is locked".

@@ -88,6 +88,12 @@ def build_parser() -> argparse.ArgumentParser:
                              formatter_class=argparse.RawDescriptionHelpFormatter)
     pd_.add_argument("--mask", action="store_true",
                      help="print each line masked (<CARD>, <EMAIL>, ...) instead")
+    au = sub.add_parser("audit", help="the audit log: who changed what is served, when and why")
+    au.add_argument("--action", help="only this action (alias.move, registration, rollout, rollback, "
+                    "server.reload, router.routes, dag.trigger)")
+    au.add_argument("--since", help="from this UTC time on (2026-12-05 or 2026-12-05T14:00:00Z)")
+    au.add_argument("--until", help="up to this UTC time")
+    au.add_argument("--json", action="store_true", help="JSON lines, as stored")
     s = sub.add_parser("summary", help="print a run's per-stage summary")
     s.add_argument("--run-id", help="default: the latest finished run")
     s.add_argument("--config", help="YAML config file")
@@ -114,6 +120,28 @@ def main(argv: list[str] | None = None) -> int:
         return 2
 
 
+def _audit(args: argparse.Namespace) -> int:
+    import json
+
+    from core import audit
+
+    if args.action and args.action not in audit.ACTIONS:
+        print(f"ERROR: unknown action {args.action!r}; known: {', '.join(sorted(audit.ACTIONS))}",
+              file=sys.stderr)
+        return 2
+    n = 0
+    for rec in audit.read(action=args.action, since=args.since, until=args.until):
+        n += 1
+        if args.json:
+            print(json.dumps(rec))
+        else:
+            print(f"{rec['at']}  {rec['action']:<14} {rec['outcome']:<16} {rec['target']}  by {rec['actor']}"
+                  + (f" ({rec['role']})" if rec.get("role") else "") + (f": {rec['reason']}" if rec["reason"] else ""))
+    if not args.json:
+        print(f"{n} record(s) in {audit.path()}", file=sys.stderr)
+    return 0
+
+
 def _handler(args: argparse.Namespace) -> Callable[[argparse.Namespace], int]:
     if getattr(args, "stage", None):
         return _stage
@@ -121,7 +149,7 @@ def _handler(args: argparse.Namespace) -> Callable[[argparse.Namespace], int]:
         return _deploy
     if args.cmd == "pii":
         return _pii
-    return {"stages": _stages, "run": _run, "up": _services, "down": _services,
+    return {"audit": _audit, "stages": _stages, "run": _run, "up": _services, "down": _services,
             "services": _services, "summary": _summary, "leak-scan": _leak_scan,
             "evaluate": _evaluate}[args.cmd]
 

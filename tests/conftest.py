@@ -29,8 +29,17 @@ def lake(tmp_path: Path) -> Path:
     return tmp_path / "lake"
 
 
+@pytest.fixture(scope="session", autouse=True)
+def audit_log(tmp_path_factory) -> Path:
+    """One audit log for the session, in a temp folder (never the checkout's var/audit/):
+    this process and every child process (through the environment) append to it."""
+    path = tmp_path_factory.mktemp("audit") / "audit.jsonl"
+    os.environ["INTENTOPS_AUDIT_LOG"] = str(path)
+    return path
+
+
 @pytest.fixture(scope="session")
-def project_env() -> dict[str, str]:
+def project_env(audit_log) -> dict[str, str]:
     """Environment for child processes: the venv first on PATH (spark-submit, airflow)."""
     bin_dir = str(Path(sys.executable).parent)
     env = {k: v for k, v in os.environ.items() if not k.startswith(("INTENTOPS__", "AIRFLOW"))}
@@ -39,6 +48,7 @@ def project_env() -> dict[str, str]:
         PYSPARK_PYTHON=sys.executable,
         SPARK_LOCAL_IP="127.0.0.1",
         PYTHONPATH=str(ROOT),
+        INTENTOPS_AUDIT_LOG=str(audit_log),
     )
     return env
 

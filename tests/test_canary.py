@@ -155,6 +155,19 @@ def test_rollouts_promote_good_versions_and_roll_back_bad_ones(registry):
     assert status["stable"]["version"] == v1 and status["stable"]["health"] == "ready"
     assert status["router"]["health"] == "ready"
 
+    # Every one of those actions left an audit record with its actor.
+    from core import audit
+
+    mine = [r for r in audit.read() if reg["name"] in r["target"]]
+    actions = {(r["action"], r["outcome"]) for r in mine}
+    assert {("rollout", "promoted"), ("rollout", "rolled_back"), ("rollback", "done"),
+            ("alias.move", f"v{v1}"), ("alias.move", f"v{v2}")} <= actions, actions
+    assert all(r["actor"] for r in mine)
+    rb = next(r for r in mine if r["action"] == "rollback")
+    assert rb["target"] == f"{reg['name']} v{v1}" and "rollback" in rb["reason"]
+    routes = [r for r in audit.read(action="router.routes")]
+    assert routes and all(r["actor"].startswith("key:") and r["outcome"] == "done" for r in routes)
+
     # Stop ends only what the deployment started, and leaves no process behind.
     pids = [p["pid"] for p in dep.state().values() if isinstance(p, dict) and "pid" in p]
     assert dep.stop()

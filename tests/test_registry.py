@@ -296,3 +296,24 @@ def test_a_model_that_was_not_registered_fails_the_register_verdict():
         with pytest.raises(StageVerdict, match="model not registered") as exc:
             register_stage.check(cfg, _register_result(registered=False, version=None, reason=reason))
         assert reason in str(exc.value) and "lake/register/k" in str(exc.value)
+
+
+def test_an_alias_move_that_cannot_be_audited_does_not_happen(client, tmp_path, monkeypatch):
+    from core import audit, tracking
+
+    name = "gate-audited"
+    rid, uri = _run(client, name, 0.8, tmp_path)
+    out = registry.register_if_better(client, name, uri, rid, "fp-audit", {"test_accuracy": 0.8}, PASS,
+                                      "test_accuracy", 0.0, tmp_path / "lock")
+    v = out["version"]
+    recs = [r for r in audit.read() if r["target"] == f"{name}@challenger"]
+    assert recs and recs[-1]["outcome"] == f"v{v}" and recs[-1]["actor"]
+    blocked = tmp_path / "blocked"
+    blocked.write_text("not a folder")
+    monkeypatch.setenv("INTENTOPS_AUDIT_LOG", str(blocked / "audit.jsonl"))
+    with pytest.raises(audit.AuditError):
+        tracking.move_alias(client, name, "champion", v, "promote by hand")
+    from mlflow.exceptions import MlflowException
+
+    with pytest.raises(MlflowException):
+        client.get_model_version_by_alias(name, "champion")  # nothing moved unrecorded

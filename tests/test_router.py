@@ -144,3 +144,25 @@ def test_overload_is_shed_with_503(servers, project_env):
         proc.wait(timeout=20)
     codes = [s for s, _ in got]
     assert 503 in codes and 200 in codes and set(codes) <= {200, 503}
+
+
+def test_routes_only_to_allowed_upstreams_and_refuses_bad_keys_and_big_bodies(router, servers):
+    """An admin key cannot point client traffic (and the upstream key) at another host;
+    a non-ASCII key is 401 and an oversized body 413, as on the model server."""
+    from deploy.router import upstream_allowed
+
+    loopback = ("http://127.0.0.1:", "http://localhost:")
+    assert upstream_allowed("http://127.0.0.1:8101", loopback)
+    for bad in ("http://10.0.0.7:8101", "http://127.0.0.1.evil.example:80", "file:///etc/passwd",
+                "http://user:pw@127.0.0.1:8101", "http://127.0.0.1", "http://127.0.0.1:notaport"):
+        assert not upstream_allowed(bad, loopback), bad
+    r = httpx.put(f"{router}/admin/routes", json={"canary": "http://10.0.0.7:8101", "weight": 0.5}, headers=A)
+    assert r.status_code == 422 and "allow-list" in r.text
+    assert httpx.get(f"{router}/admin/routes", headers=A).json()["canary"] is None
+    r = httpx.post(f"{router}/v1/predict", json={"text": "hi"}, headers={"Authorization": "Bearer clé".encode()})
+    assert r.status_code == 401
+    r = httpx.put(f"{router}/admin/routes", json={"weight": 0.1}, headers={"Authorization": b"Bearer \xff"})
+    assert r.status_code == 401
+    big = b'{"text": "' + b"a" * (2 * 1024 * 1024) + b'"}'
+    r = httpx.post(f"{router}/v1/predict", content=big, headers={**H, "content-type": "application/json"})
+    assert r.status_code == 413

@@ -22,8 +22,9 @@ KEY = "test-key-not-secret"
 
 @pytest.fixture(scope="module")
 def builds(trained, exported, tmp_path_factory) -> dict[str, Path]:
-    fp32b = onnx_build.export_fp32(trained["model_dir"], tmp_path_factory.mktemp("second"), opset=17)
-    return {"int8": exported["out"] / "int8", "fp32": fp32b}
+    store = tmp_path_factory.mktemp("store")  # what a deployment's builds/ folder is
+    fp32b = onnx_build.export_fp32(trained["model_dir"], store / "second", opset=17)
+    return {"int8": exported["out"] / "int8", "fp32": fp32b, "store": store}
 
 
 def start(build_dir: Path, env: dict[str, str], *extra: str) -> tuple[subprocess.Popen, str]:
@@ -49,7 +50,8 @@ def start(build_dir: Path, env: dict[str, str], *extra: str) -> tuple[subprocess
 @pytest.fixture
 def server(builds, project_env):
     env = dict(project_env, INTENTOPS_API_KEYS=KEY)
-    proc, url = start(builds["int8"], env, "--max-batch", "16", "--max-delay-ms", "10", "--max-queue", "64")
+    proc, url = start(builds["int8"], env, "--max-batch", "16", "--max-delay-ms", "10", "--max-queue", "64",
+                      "--build-store", str(builds["store"]))
     yield url
     proc.terminate()
     proc.wait(timeout=20)
@@ -243,10 +245,80 @@ def test_hot_reload_drops_no_request(server, builds, trained):
             f.result()
     assert codes and set(codes) == {200}, {c: codes.count(c) for c in set(codes)}
     assert httpx.get(f"{server}/health/ready").json()["model_version"] == builds["fp32"].name
-    # A folder that is not a build is refused and the served model stays.
-    r = httpx.post(f"{server}/admin/reload", json={"build": str(ROOT)}, headers=H, timeout=60)
-    assert r.status_code == 422 and "lacks" in r.text
+    # A folder of the store that is not a build is refused (no path in the answer), and
+    # the served model stays.
+    (builds["store"] / "empty").mkdir(exist_ok=True)
+    r = httpx.post(f"{server}/admin/reload", json={"build": str(builds["store"] / "empty")}, headers=H, timeout=60)
+    assert r.status_code == 422 and "could not be loaded" in r.text and str(builds["store"]) not in r.text
     assert httpx.post(f"{server}/v1/predict", json={"text": "hi"}, headers=H).json()["model_version"] == builds["fp32"].name
+
+
+def test_one_bad_request_never_fails_its_batch_neighbours(builds, project_env, trained):
+    """Invalid Unicode is a 422 for that request alone; a request that fails inside the
+    model is retried alone and answered 500 alone; its concurrent neighbours all get 200."""
+    env = dict(project_env, INTENTOPS_API_KEYS=KEY)
+    proc, url = start(builds["int8"], env, "--max-batch", "32", "--max-delay-ms", "20",
+                      "--inject-poison", "POISON-MARKER")
+    try:
+        texts = trained["texts"][:24]
+
+        def one(i: int) -> int:
+            if i == 5:
+                body = b'{"text": "my card \\ud800 is lost"}'  # valid JSON, a lone surrogate
+            elif i == 11:
+                body = json.dumps({"text": "POISON-MARKER my card"}).encode()
+            else:
+                body = json.dumps({"text": texts[i]}).encode()
+            r = httpx.post(f"{url}/v1/predict", content=body, timeout=30,
+                           headers={**H, "content-type": "application/json"})
+            return r.status_code
+
+        for _ in range(3):  # several rounds: the bad ones land in shared batches
+            with cf.ThreadPoolExecutor(26) as pool:
+                codes = list(pool.map(one, range(26)))
+            assert codes[5] == 422 and codes[11] == 500, codes
+            assert [c for i, c in enumerate(codes) if i not in (5, 11)] == [200] * 24, codes
+        r = httpx.post(f"{url}/v1/predict", content=b'{"text": "a \\udfff b"}', timeout=30,
+                       headers={**H, "content-type": "application/json"})
+        assert r.status_code == 422 and "not valid Unicode" in r.text
+    finally:
+        proc.terminate()
+        proc.wait(timeout=20)
+
+
+def test_keys_bodies_and_reloads_fail_closed(server, builds, tmp_path):
+    # any malformed or non-ASCII key is 401, never 500
+    for value in ("Bearer clé".encode(), b"Bearer \xff\xfe",
+                  b"Basic abc", b"Bearer"):
+        r = httpx.post(f"{server}/v1/predict", json={"text": "hi"}, headers={"Authorization": value})
+        assert r.status_code == 401, (value, r.status_code, r.text)
+    # a body over the limit is 413 before it is read: by Content-Length, and chunked
+    big = b'{"text": "' + b"a" * (2 * 1024 * 1024) + b'"}'
+    r = httpx.post(f"{server}/v1/predict", content=big, headers={**H, "content-type": "application/json"})
+    assert r.status_code == 413
+    r = httpx.post(f"{server}/v1/predict", content=iter([big[i:i + 65536] for i in range(0, len(big), 65536)]),
+                   headers={**H, "content-type": "application/json"})
+    assert r.status_code == 413
+    assert httpx.post(f"{server}/v1/predict", json={"text": "hi"}, headers=H).status_code == 200
+    # reload: only from the build store, only a build whose gate passed; no paths in errors
+    outside = tmp_path / "outside"
+    shutil.copytree(builds["fp32"], outside)
+    r = httpx.post(f"{server}/admin/reload", json={"build": str(outside)}, headers=H, timeout=60)
+    assert r.status_code == 422 and "not in this server's build store" in r.text and str(tmp_path) not in r.text
+    store = builds["store"]
+    failed = store / "failed"
+    shutil.copytree(builds["int8"], failed)
+    pre = json.loads((failed / "preprocessing.json").read_text())
+    (failed / "preprocessing.json").write_text(json.dumps(pre | {"status": "failed"}))
+    r = httpx.post(f"{server}/admin/reload", json={"build": str(failed)}, headers=H, timeout=60)
+    assert r.status_code == 422 and "did not pass its export gate" in r.text
+    del pre["status"]  # no gate status recorded: refused too (fail closed)
+    (failed / "preprocessing.json").write_text(json.dumps(pre))
+    r = httpx.post(f"{server}/admin/reload", json={"build": str(failed)}, headers=H, timeout=60)
+    assert r.status_code == 422 and "did not pass its export gate" in r.text
+    escape = store / ".." / "outside"
+    r = httpx.post(f"{server}/admin/reload", json={"build": str(escape)}, headers=H, timeout=60)
+    assert r.status_code == 422 and "build store" in r.text
 
 
 def test_refuses_to_start_without_keys_and_a_failed_int8_build(builds, project_env, tmp_path):

@@ -161,6 +161,18 @@ def _project_imports(path: Path) -> set[str]:
     return found & set(PACKAGES)
 
 
+def _dotted_imports(path: Path) -> set[str]:
+    """Imported module names in full: ``from core import audit`` gives ``core.audit``."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_bytes())):
+        if isinstance(node, ast.Import):
+            found.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            found.update(f"{node.module}.{a.name}" if node.module in PACKAGES else node.module
+                         for a in node.names)
+    return found
+
+
 def test_import_layers():
     bad = []
     for pkg, allowed in ALLOWED.items():
@@ -178,9 +190,12 @@ def test_the_layer_table_is_the_documented_one():
 
 def test_serving_modules_import_no_pipeline_code():
     """The model server, router and build runtime run in the serving image: no pipeline code
-    beyond the build's contract (its preprocessing: the normalization and the PII detector)."""
+    beyond the build's contract (its preprocessing: the normalization and the PII detector)
+    and the audit log (``core.audit``, standard library only)."""
     for rel in ("deploy/server.py", "deploy/router.py", "export/runtime.py"):
-        assert _project_imports(ROOT / rel) <= {"export", "deploy", "contract"}, rel
+        assert _project_imports(ROOT / rel) <= {"export", "deploy", "contract", "core"}, rel
+        core_modules = {n for n in _dotted_imports(ROOT / rel) if n.split(".")[0] == "core"}
+        assert core_modules <= {"core", "core.audit"}, (rel, core_modules)
 
 
 # --------------------------------------------------------------------------- trigger form

@@ -16,7 +16,7 @@ from typing import Any
 
 import pandas as pd
 
-from core import stage, stages, tracking
+from core import audit, stage, stages, tracking
 from core.config import PipelineConfig
 from training import behaviour, registry
 from training.predictor import Predictor
@@ -85,6 +85,9 @@ def run(cfg: PipelineConfig, run_id: str) -> stage.StageResult:
             labels=predictor.labels, tracking_uri=tracking.tracking_uri(cfg),
             max_oos_recall_drop=cfg.oos.max_recall_drop)
         (out / "decision.json").write_text(json.dumps(decision, indent=2))
+        audit.record("registration", f"{t.registered_model} (training run {rid})",
+                     f"registered v{decision['version']}" if decision["registered"] else "rejected",
+                     decision["reason"])
         log.info("registration: %s", decision["reason"])
         return {"rows_in": None, "kept": None, **decision, "checks_passed": checks["passed"],
                 "checks_skipped": [f"{s['name']}: {s['note']}" for s in checks["skipped"]]}
