@@ -269,10 +269,15 @@ def create_app(router: Router) -> FastAPI:
             raise HTTPException(401, "missing or unknown API key", headers={"WWW-Authenticate": "Bearer"})
 
     async def admin(request: Request) -> None:
+        """/admin/*: the operator role (``INTENTOPS_ADMIN_KEYS``). A client key is 403."""
         if not router.cfg.admin_keys:
-            raise HTTPException(403, "no admin key configured (INTENTOPS_ADMIN_KEYS)")
-        if not key_matches(_key(request), router.cfg.admin_keys):
-            raise HTTPException(401, "missing or unknown admin key", headers={"WWW-Authenticate": "Bearer"})
+            raise HTTPException(403, "no operator key configured (INTENTOPS_ADMIN_KEYS)")
+        given = _key(request)
+        if key_matches(given, router.cfg.admin_keys):
+            return
+        if router.cfg.api_keys and key_matches(given, router.cfg.api_keys):
+            raise HTTPException(403, "a client key may not call /admin (the operator role may)")
+        raise HTTPException(401, "missing or unknown operator key", headers={"WWW-Authenticate": "Bearer"})
 
     def answer(status: int, content: bytes, variant: str) -> Response:
         router.metrics.client.labels(str(status)).inc()
@@ -346,9 +351,9 @@ def create_app(router: Router) -> FastAPI:
         try:
             routes = asdict(router.update(upd))
         except ValueError as exc:
-            audit.record("router.routes", change, "refused", str(exc), actor_=who)
+            audit.record("router.routes", change, "refused", str(exc), actor_=who, role="operator")
             raise HTTPException(422, str(exc)) from None
-        audit.record("router.routes", change, "done", "", actor_=who)
+        audit.record("router.routes", change, "done", "", actor_=who, role="operator")
         return routes
 
     @app.get("/admin/stats", dependencies=[Depends(admin)])

@@ -26,10 +26,12 @@
 * ``POST /admin/reload`` with ``{"build": DIR}`` or ``{"model_uri": ...}`` loads and warms
   the new build beside the old one, then swaps the reference; batches already running
   finish on the old one, so no request in flight fails.
-* API keys: ``INTENTOPS_API_KEYS`` (comma-separated) or ``INTENTOPS_API_KEYS_FILE`` (one
-  per line), sent as ``Authorization: Bearer <key>`` or ``X-API-Key``. With no key
-  configured the server refuses to start unless ``--no-auth`` is given. Health and metrics
-  need no key.
+* API keys with roles: client keys (``INTENTOPS_API_KEYS`` comma-separated, or
+  ``INTENTOPS_API_KEYS_FILE`` one per line) may predict; operator keys
+  (``INTENTOPS_OPERATOR_KEYS`` / ``_FILE``) may also call ``/admin/*``. Sent as
+  ``Authorization: Bearer <key>`` or ``X-API-Key``; an unknown key is 401, a client key on
+  ``/admin`` 403. With no key configured the server refuses to start unless ``--no-auth``
+  is given. Health and metrics need no key.
 
 Built by hand on FastAPI rather than on a model-serving framework: the micro-batching
 queue here is about 60 lines, and MLflow's ``models serve`` has no batching, no bounded
@@ -78,7 +80,8 @@ class ServerConfig:
     # with the router and the HTTP loop that burns CPU the requests need: with 2 threads,
     # CPU per row at batch 16 went from 4.1 to 2.4 ms without spinning (2 shared cores).
     spin: bool = False
-    api_keys: list[str] = field(default_factory=list)
+    api_keys: list[str] = field(default_factory=list)  # role client: /v1/predict
+    operator_keys: list[str] = field(default_factory=list)  # role operator: /v1/predict and /admin/*
     # Fault injection for canary drills (like Envoy's fault filter): a share of requests
     # answered 500, and a delay added to every request. Off by default.
     inject_fail_rate: float = 0.0
@@ -100,13 +103,22 @@ class ServerConfig:
     build_store: Path | None = None
 
 
-def load_api_keys(env: dict[str, str] | None = None) -> list[str]:
+def load_api_keys(env: dict[str, str] | None = None, var: str = "INTENTOPS_API_KEYS") -> list[str]:
+    """Keys from ``var`` (comma-separated) and the file ``<var>_FILE`` (one per line)."""
     env = dict(os.environ if env is None else env)
-    keys = [k.strip() for k in env.get("INTENTOPS_API_KEYS", "").split(",") if k.strip()]
-    if env.get("INTENTOPS_API_KEYS_FILE"):
-        keys += [k.strip() for k in Path(env["INTENTOPS_API_KEYS_FILE"]).read_text().splitlines()
+    keys = [k.strip() for k in env.get(var, "").split(",") if k.strip()]
+    if env.get(f"{var}_FILE"):
+        keys += [k.strip() for k in Path(env[f"{var}_FILE"]).read_text().splitlines()
                  if k.strip() and not k.startswith("#")]
     return keys
+
+
+def role_of(given: str, roles: dict[str, Sequence[str]]) -> str | None:
+    """The role whose keys hold ``given`` (None: an unknown key); the first listed wins."""
+    for role, keys in roles.items():
+        if key_matches(given, keys):
+            return role
+    return None
 
 
 def presented_key(request: Request) -> str:
@@ -451,11 +463,24 @@ def create_app(server: ModelServer, initial: tuple[Path, str, str] | None = None
 
     # async, like every dependency here: FastAPI runs a plain ``def`` dependency in its
     # thread pool, one thread hop per request.
+    roles = {"operator": server.cfg.operator_keys, "client": server.cfg.api_keys}
+    open_server = not (server.cfg.api_keys or server.cfg.operator_keys)  # --no-auth
+
     async def auth(request: Request) -> None:
-        if not server.cfg.api_keys:
+        if open_server:
             return
-        if not key_matches(presented_key(request), server.cfg.api_keys):
+        if role_of(presented_key(request), roles) is None:
             raise HTTPException(401, "missing or unknown API key", headers={"WWW-Authenticate": "Bearer"})
+
+    async def operator(request: Request) -> None:
+        """/admin/*: the operator role only. A client key is 403, an unknown one 401."""
+        if open_server:
+            return
+        role = role_of(presented_key(request), roles)
+        if role is None:
+            raise HTTPException(401, "missing or unknown API key", headers={"WWW-Authenticate": "Bearer"})
+        if role != "operator":
+            raise HTTPException(403, f"a {role} key may not call /admin (the operator role may)")
 
     @app.post("/v1/predict", response_model=PredictResponse, dependencies=[Depends(auth)])
     async def predict(req: PredictRequest) -> PredictResponse:
@@ -526,7 +551,7 @@ def create_app(server: ModelServer, initial: tuple[Path, str, str] | None = None
 
         return PlainTextResponse(generate_latest(server.metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
-    @app.post("/admin/reload", dependencies=[Depends(auth)])
+    @app.post("/admin/reload", dependencies=[Depends(operator)])
     async def reload(req: ReloadRequest, request: Request) -> dict[str, str]:
         import tempfile
 
@@ -540,7 +565,7 @@ def create_app(server: ModelServer, initial: tuple[Path, str, str] | None = None
             raise HTTPException(503, "reload refused: the audit log cannot be written") from None
 
         def refused(message: str) -> HTTPException:
-            audit.record("server.reload", target, "refused", message, actor_=who)
+            audit.record("server.reload", target, "refused", message, actor_=who, role="operator")
             return HTTPException(422, f"reload refused: {message}")
 
         async with server._reload_lock:
@@ -559,7 +584,7 @@ def create_app(server: ModelServer, initial: tuple[Path, str, str] | None = None
                 raise refused("the build could not be loaded (see the server log); the current "
                               "model keeps serving") from None
             server.swap(model)
-            audit.record("server.reload", target, f"serving {version}", "", actor_=who)
+            audit.record("server.reload", target, f"serving {version}", "", actor_=who, role="operator")
         return {"status": "reloaded", "model_version": version}
 
     return app
@@ -597,10 +622,11 @@ def main(argv: list[str] | None = None) -> int:
                     help="benchmarks only: do not mask requests (the model sees raw personal data)")
     args = ap.parse_args(argv)
     keys = load_api_keys()
+    operators = load_api_keys(var="INTENTOPS_OPERATOR_KEYS")
     if not keys and not args.no_auth:
         ap.error("no API key configured: set INTENTOPS_API_KEYS or INTENTOPS_API_KEYS_FILE (or --no-auth)")
     cfg = ServerConfig(max_batch=args.max_batch, max_delay_ms=args.max_delay_ms, max_queue=args.max_queue,
-                       threads=args.threads, spin=args.spin, api_keys=keys, inject_fail_rate=args.inject_fail_rate,
+                       threads=args.threads, spin=args.spin, api_keys=keys, operator_keys=operators, inject_fail_rate=args.inject_fail_rate,
                        inject_delay_ms=args.inject_delay_ms, inject_poison=args.inject_poison,
                        allow_preprocessing_drift=args.allow_preprocessing_drift,
                        max_body_bytes=args.max_body_bytes,

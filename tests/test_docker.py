@@ -670,6 +670,16 @@ def test_the_router_points_at_the_model_server_services():
     router, server = compose["router"], compose["model-server"]
     stable = urlsplit(option(router["command"], "--stable"))
     assert stable.hostname == "model-server" and str(stable.port) == option(server["command"], "--port")
+    # the router may route to the two model-server services and nowhere else
+    from deploy.router import upstream_allowed
+
+    cmd = router["command"]
+    allowed = tuple(cmd[i + 1] for i, a in enumerate(cmd) if a == "--allow-upstream")
+    assert upstream_allowed(option(cmd, "--stable"), allowed)
+    assert upstream_allowed("http://model-server-canary:8100", allowed)
+    assert not upstream_allowed("http://mlflow:5000", allowed)
+    assert environment(server)["INTENTOPS_OPERATOR_KEYS"] != environment(server)["INTENTOPS_API_KEYS"] or \
+        env_example()["INTENTOPS_SERVER_OPERATOR_KEY"] == env_example()["INTENTOPS_INTERNAL_API_KEY"]
     assert environment(router)["INTENTOPS_UPSTREAM_KEY"] == environment(server)["INTENTOPS_API_KEYS"]
     assert environment(router)["INTENTOPS_API_KEYS"] != environment(server)["INTENTOPS_API_KEYS"] or \
         env_example()["INTENTOPS_CLIENT_API_KEYS"] == env_example()["INTENTOPS_INTERNAL_API_KEY"]

@@ -87,7 +87,9 @@ def test_sticky_hash_is_stable_and_monotone_in_the_weight():
 
 def test_weighted_split_sticky_routing_auth_and_admin(router, servers):
     assert httpx.post(f"{router}/v1/predict", json={"text": "hi"}).status_code == 401
-    assert httpx.put(f"{router}/admin/routes", json={"weight": 1}, headers=H).status_code == 401
+    assert httpx.put(f"{router}/admin/routes", json={"weight": 1}, headers=H).status_code == 403  # client role
+    assert httpx.put(f"{router}/admin/routes", json={"weight": 1},
+                     headers={"Authorization": "Bearer nobody"}).status_code == 401
     routes(router, canary=servers["stable"], weight=0.3)
     got = send(router, 200)
     assert {s for s, _ in got} == {200}

@@ -18,6 +18,7 @@ from conftest import ROOT, _free_port
 from export import onnx_build
 
 KEY = "test-key-not-secret"
+OPERATOR = "test-operator-key-not-secret"
 
 
 @pytest.fixture(scope="module")
@@ -49,7 +50,7 @@ def start(build_dir: Path, env: dict[str, str], *extra: str) -> tuple[subprocess
 
 @pytest.fixture
 def server(builds, project_env):
-    env = dict(project_env, INTENTOPS_API_KEYS=KEY)
+    env = dict(project_env, INTENTOPS_API_KEYS=KEY, INTENTOPS_OPERATOR_KEYS=OPERATOR)
     proc, url = start(builds["int8"], env, "--max-batch", "16", "--max-delay-ms", "10", "--max-queue", "64",
                       "--build-store", str(builds["store"]))
     yield url
@@ -58,6 +59,7 @@ def server(builds, project_env):
 
 
 H = {"Authorization": f"Bearer {KEY}"}
+OP = {"Authorization": f"Bearer {OPERATOR}"}
 
 
 def test_predict_validates_and_authenticates(server, trained):
@@ -239,7 +241,7 @@ def test_hot_reload_drops_no_request(server, builds, trained):
     with cf.ThreadPoolExecutor(5) as pool:
         futs = [pool.submit(loop) for _ in range(4)]
         time.sleep(1.5)
-        r = httpx.post(f"{server}/admin/reload", json={"build": str(builds["fp32"])}, headers=H, timeout=60)
+        r = httpx.post(f"{server}/admin/reload", json={"build": str(builds["fp32"])}, headers=OP, timeout=60)
         assert r.status_code == 200, r.text
         for f in futs:
             f.result()
@@ -248,7 +250,7 @@ def test_hot_reload_drops_no_request(server, builds, trained):
     # A folder of the store that is not a build is refused (no path in the answer), and
     # the served model stays.
     (builds["store"] / "empty").mkdir(exist_ok=True)
-    r = httpx.post(f"{server}/admin/reload", json={"build": str(builds["store"] / "empty")}, headers=H, timeout=60)
+    r = httpx.post(f"{server}/admin/reload", json={"build": str(builds["store"] / "empty")}, headers=OP, timeout=60)
     assert r.status_code == 422 and "could not be loaded" in r.text and str(builds["store"]) not in r.text
     assert httpx.post(f"{server}/v1/predict", json={"text": "hi"}, headers=H).json()["model_version"] == builds["fp32"].name
 
@@ -300,24 +302,28 @@ def test_keys_bodies_and_reloads_fail_closed(server, builds, tmp_path):
                    headers={**H, "content-type": "application/json"})
     assert r.status_code == 413
     assert httpx.post(f"{server}/v1/predict", json={"text": "hi"}, headers=H).status_code == 200
+    # roles: a client key may predict but not reload (403); an operator key may do both
+    r = httpx.post(f"{server}/admin/reload", json={"build": str(builds["fp32"])}, headers=H, timeout=60)
+    assert r.status_code == 403 and "client key may not" in r.text
+    assert httpx.post(f"{server}/v1/predict", json={"text": "hi"}, headers=OP).status_code == 200
     # reload: only from the build store, only a build whose gate passed; no paths in errors
     outside = tmp_path / "outside"
     shutil.copytree(builds["fp32"], outside)
-    r = httpx.post(f"{server}/admin/reload", json={"build": str(outside)}, headers=H, timeout=60)
+    r = httpx.post(f"{server}/admin/reload", json={"build": str(outside)}, headers=OP, timeout=60)
     assert r.status_code == 422 and "not in this server's build store" in r.text and str(tmp_path) not in r.text
     store = builds["store"]
     failed = store / "failed"
     shutil.copytree(builds["int8"], failed)
     pre = json.loads((failed / "preprocessing.json").read_text())
     (failed / "preprocessing.json").write_text(json.dumps(pre | {"status": "failed"}))
-    r = httpx.post(f"{server}/admin/reload", json={"build": str(failed)}, headers=H, timeout=60)
+    r = httpx.post(f"{server}/admin/reload", json={"build": str(failed)}, headers=OP, timeout=60)
     assert r.status_code == 422 and "did not pass its export gate" in r.text
     del pre["status"]  # no gate status recorded: refused too (fail closed)
     (failed / "preprocessing.json").write_text(json.dumps(pre))
-    r = httpx.post(f"{server}/admin/reload", json={"build": str(failed)}, headers=H, timeout=60)
+    r = httpx.post(f"{server}/admin/reload", json={"build": str(failed)}, headers=OP, timeout=60)
     assert r.status_code == 422 and "did not pass its export gate" in r.text
     escape = store / ".." / "outside"
-    r = httpx.post(f"{server}/admin/reload", json={"build": str(escape)}, headers=H, timeout=60)
+    r = httpx.post(f"{server}/admin/reload", json={"build": str(escape)}, headers=OP, timeout=60)
     assert r.status_code == 422 and "build store" in r.text
 
 

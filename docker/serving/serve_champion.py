@@ -60,13 +60,14 @@ def resolve(client: Any, name: str, alias: str) -> tuple[str, str] | None:
 
 
 def first_key() -> str:
-    """The first API key the server accepts (what the reload call authenticates with)."""
-    keys = [k.strip() for k in os.environ.get("INTENTOPS_API_KEYS", "").split(",") if k.strip()]
-    if not keys and os.environ.get("INTENTOPS_API_KEYS_FILE"):
-        with open(os.environ["INTENTOPS_API_KEYS_FILE"]) as fh:
+    """The first operator key the server accepts (what the reload call authenticates with:
+    /admin/reload is the operator role's)."""
+    keys = [k.strip() for k in os.environ.get("INTENTOPS_OPERATOR_KEYS", "").split(",") if k.strip()]
+    if not keys and os.environ.get("INTENTOPS_OPERATOR_KEYS_FILE"):
+        with open(os.environ["INTENTOPS_OPERATOR_KEYS_FILE"]) as fh:
             keys = [k.strip() for k in fh if k.strip() and not k.startswith("#")]
     if not keys:
-        raise SystemExit("no API key: set INTENTOPS_API_KEYS or INTENTOPS_API_KEYS_FILE")
+        raise SystemExit("no operator key: set INTENTOPS_OPERATOR_KEYS or INTENTOPS_OPERATOR_KEYS_FILE")
     return keys[0]
 
 
