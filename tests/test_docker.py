@@ -816,3 +816,59 @@ def test_postgres_init_script_creates_both_databases():
     finally:
         run("pg_ctl", "-D", str(data), "-m", "immediate", "stop", check=False)
         shutil.rmtree(work, ignore_errors=True)
+
+
+# -- the config check ------------------------------------------------------------------------------
+
+def _config_check(env: dict[str, str]) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(DOCKER / "config_check.py")], env={"PATH": os.environ["PATH"], **env},
+                          capture_output=True, text=True, timeout=60)
+
+
+def test_config_check_refuses_every_change_me_and_passes_fresh_secrets():
+    """The check runs as compose runs it: the CHECK_ variables of its service, interpolated
+    from an env file. The example file fails with every placeholder named (values never
+    printed); make_env.py's output passes; one placeholder left is caught by name."""
+    service = resolved_compose()["services"]["config-check"]
+    example = environment(service)
+    r = _config_check(example)
+    placeholders = [n for n, v in env_example().items() if v.startswith("change-me")]
+    assert r.returncode == 1 and placeholders
+    for name in placeholders:
+        assert f"{name} still holds" in r.stderr, name
+    assert "change-me-at-least" not in r.stderr  # names, never values
+    spec = importlib.util.spec_from_file_location("make_env", DOCKER / "make_env.py")
+    make_env = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(make_env)
+    fresh: dict[str, str] = {}
+    for line in make_env.render(ENV_EXAMPLE.read_text()).splitlines():
+        if line.strip() and not line.lstrip().startswith("#"):
+            k, _, v = line.partition("=")
+            fresh[k.strip()] = v.strip()
+    good = environment(interpolate(load_compose(), fresh)["services"]["config-check"])
+    assert _config_check(good).returncode == 0, _config_check(good).stderr
+    for name in placeholders:
+        one = dict(good, **{f"CHECK_{name}": "change-me"})
+        r = _config_check(one)
+        assert r.returncode == 1 and f"{name} still holds" in r.stderr and r.stderr.count("still holds") == 1
+    r = _config_check(dict(good, CHECK_REDIS_PASSWORD=""))
+    assert r.returncode == 1 and "REDIS_PASSWORD is empty" in r.stderr
+
+
+def test_every_service_waits_for_the_config_check_and_it_checks_every_secret():
+    services = load_compose()["services"]
+    checked = {k.removeprefix("CHECK_") for k in environment(services["config-check"])}
+    assert {n for n, v in env_example().items() if v.startswith("change-me")} <= checked
+    for name in services:
+        if name == "config-check":
+            continue
+        seen, todo = set(), [name]
+        while todo:
+            deps = depends_on(services[todo.pop()])
+            for dep, cond in deps.items():
+                if dep == "config-check":
+                    assert cond.get("condition") == "service_completed_successfully", name
+                if dep not in seen:
+                    seen.add(dep)
+                    todo.append(dep)
+        assert "config-check" in seen, f"{name} can start before the config check"
