@@ -156,21 +156,27 @@ class BodyLimit:
         if length is not None and (not length.isdigit() or int(length) > self.limit):
             await self._refuse(send)
             return
-        seen = 0
+        seen, refused = 0, False
 
         async def limited():
-            nonlocal seen
+            # Past the limit: answer 413 now and tell the app the client left, so it stops
+            # reading (an exception here would become FastAPI's 400 "error parsing the body").
+            nonlocal seen, refused
             message = await receive()
             if message["type"] == "http.request":
                 seen += len(message.get("body", b""))
                 if seen > self.limit:
-                    raise _TooLarge
+                    if not refused:
+                        refused = True
+                        await self._refuse(send)
+                    return {"type": "http.disconnect"}
             return message
 
-        try:
-            await self.app(scope, limited, send)
-        except _TooLarge:
-            await self._refuse(send)
+        async def guarded(message) -> None:
+            if not refused:  # after the 413, whatever the app still sends is dropped
+                await send(message)
+
+        await self.app(scope, limited, guarded)
 
     async def _refuse(self, send) -> None:
         body = json.dumps({"detail": f"request body over {self.limit} bytes"}).encode()
@@ -178,10 +184,6 @@ class BodyLimit:
                     "headers": [(b"content-type", b"application/json"),
                                 (b"content-length", str(len(body)).encode()), (b"connection", b"close")]})
         await send({"type": "http.response.body", "body": body})
-
-
-class _TooLarge(Exception):
-    pass
 
 
 class PredictRequest(BaseModel):
