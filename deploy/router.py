@@ -47,7 +47,7 @@ from fastapi import Depends, FastAPI, HTTPException, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from pydantic import BaseModel, ConfigDict, Field
 
-from deploy.server import BodyLimit, key_matches, load_api_keys
+from deploy.server import BodyLimit, key_matches, load_api_keys, presented_key
 
 log = logging.getLogger("intentops.router")
 ROUTING_KEY = "x-routing-key"
@@ -259,20 +259,16 @@ def create_app(router: Router) -> FastAPI:
     app = FastAPI(title="intentops router", version="1", lifespan=lifespan)
     app.add_middleware(BodyLimit, limit=router.cfg.max_body_bytes)
 
-    def _key(request: Request) -> str:
-        bearer = request.headers.get("authorization", "")
-        return bearer[7:].strip() if bearer.lower().startswith("bearer ") else request.headers.get("x-api-key", "")
-
     # async: FastAPI runs a plain ``def`` dependency in its thread pool, a thread hop per request.
     async def auth(request: Request) -> None:
-        if router.cfg.api_keys and not key_matches(_key(request), router.cfg.api_keys):
+        if router.cfg.api_keys and not key_matches(presented_key(request), router.cfg.api_keys):
             raise HTTPException(401, "missing or unknown API key", headers={"WWW-Authenticate": "Bearer"})
 
     async def admin(request: Request) -> None:
         """/admin/*: the operator role (``INTENTOPS_ADMIN_KEYS``). A client key is 403."""
         if not router.cfg.admin_keys:
             raise HTTPException(403, "no operator key configured (INTENTOPS_ADMIN_KEYS)")
-        given = _key(request)
+        given = presented_key(request)
         if key_matches(given, router.cfg.admin_keys):
             return
         if router.cfg.api_keys and key_matches(given, router.cfg.api_keys):
@@ -341,7 +337,7 @@ def create_app(router: Router) -> FastAPI:
         from core import audit
         from deploy.server import key_actor
 
-        who = key_actor(_key(request))
+        who = key_actor(presented_key(request))
         change = json.dumps(upd.model_dump(exclude_none=True), sort_keys=True)
         try:
             audit.check_writable()
