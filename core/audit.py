@@ -32,6 +32,8 @@ ACTIONS = {
     "server.reload": "a model server asked to load another build (done or refused)",
     "router.routes": "the router's upstreams or weights changed (done or refused)",
     "dag.trigger": "a pipeline run triggered through the project's Airflow client",
+    "keys.create": "a client key made by the admin role (its fingerprint, never the key)",
+    "keys.revoke": "a client key revoked by the admin role (done or refused)",
 }
 DEFAULT = Path(__file__).resolve().parent.parent / "var" / "audit" / "audit.jsonl"
 

@@ -8,8 +8,9 @@ Everything lives under ``<deploy.root>/<dataset>/`` (``var/deploy/banking77`` fo
 * ``logs/``: one log file per process;
 * ``secrets/`` (mode 0700): the keys. ``client_keys`` are what clients send to the router
   (``INTENTOPS_API_KEYS`` when set, otherwise one generated key); ``internal_key`` is what
-  the router sends to the servers; ``admin_key`` changes the routes. Generated keys are
-  never logged, only the file's location.
+  the router sends to the servers; ``admin_key`` (the operator role) changes the routes;
+  ``key_admin_key`` (the admin role) manages the client keys (``intentops deploy keys``).
+  Generated keys are never logged, only the file's location.
 
 Processes run in their own session, so they outlive the Airflow task that started them
 (the stable model must keep serving after the DAG run ends); ``stop`` ends only the
@@ -35,6 +36,7 @@ import httpx
 
 from core import procs
 from core.config import PROJECT_ROOT, PipelineConfig
+from core.secretfiles import create_private, write_private
 
 log = logging.getLogger(__name__)
 ALIAS_CHAMPION = "champion"
@@ -76,10 +78,7 @@ class Deployment:
 
     def _secret(self, name: str) -> str:
         f = self.secrets / name
-        if not f.exists():
-            fd = os.open(f, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-            with os.fdopen(fd, "w") as fh:
-                fh.write(secrets.token_urlsafe(32) + "\n")
+        create_private(f, secrets.token_urlsafe(32) + "\n")  # mode 0600, whole, once
         return f.read_text().splitlines()[0].strip()
 
     @property
@@ -89,8 +88,7 @@ class Deployment:
 
         given = load_api_keys()
         if given:  # the operator's keys win; written for the router process to read
-            f.write_text("\n".join(given) + "\n")
-            f.chmod(0o600)
+            write_private(f, "\n".join(given) + "\n")
         elif not f.exists():
             self._secret("client_keys")
         return f
@@ -209,7 +207,8 @@ class Deployment:
         proc = self._spawn("deploy.router", args, {
             "INTENTOPS_API_KEYS_FILE": str(self.client_keys_file), "INTENTOPS_API_KEYS": None,
             "INTENTOPS_UPSTREAM_KEY": self._secret("internal_key"),
-            "INTENTOPS_ADMIN_KEYS": self._secret("admin_key")}, "router", port=self.d.router_port)
+            "INTENTOPS_ADMIN_KEYS": self._secret("admin_key"),
+            "INTENTOPS_KEY_ADMIN_KEYS": self._secret("key_admin_key")}, "router", port=self.d.router_port)
         state["router"] = proc
         self.save(state)
         # The router is ready once it answers; with no model yet it says 503 on ready.
@@ -236,6 +235,26 @@ class Deployment:
         else:
             r = httpx.get(f"{url}/admin/routes", headers=self._admin(), timeout=10)
         r.raise_for_status()
+        return r.json()
+
+    def keys(self, action: str, fingerprint: str | None = None) -> dict[str, Any]:
+        """The router's client keys, as the admin role: ``list``, ``create`` (the new key
+        is in the answer, once) or ``revoke`` (by fingerprint)."""
+        state = self.state()
+        if not self.alive(state.get("router")):
+            raise DeployError("the router is not running (intentops deploy up)")
+        url = f"{state['router']['url']}/admin/keys"
+        headers = {"Authorization": f"Bearer {self._secret('key_admin_key')}"}
+        if action == "list":
+            r = httpx.get(url, headers=headers, timeout=10)
+        elif action == "create":
+            r = httpx.post(url, headers=headers, timeout=10)
+        elif action == "revoke" and fingerprint:
+            r = httpx.delete(f"{url}/{fingerprint}", headers=headers, timeout=10)
+        else:
+            raise DeployError("keys: list, create, or revoke with a fingerprint")
+        if r.status_code >= 400:
+            raise DeployError(f"keys {action}: router answered {r.status_code}: {r.json().get('detail', r.text)}")
         return r.json()
 
     def router_stats(self, state: dict[str, Any], since: float) -> dict[str, Any]:

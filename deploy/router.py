@@ -15,10 +15,17 @@
 * Per-variant metrics at ``/metrics`` (Prometheus) and, for the canary controller, a
   windowed summary at ``GET /admin/stats?since=<unix time>``: requests, errors, p50/p99
   latency per variant, fallbacks, and shadow agreement.
-* ``PUT /admin/routes`` changes the upstreams and weights at run time (admin key).
+* ``PUT /admin/routes`` changes the upstreams and weights at run time (operator key).
 * Client keys as the model server takes them (``INTENTOPS_API_KEYS`` or
   ``INTENTOPS_API_KEYS_FILE``); the router calls the servers with
-  ``INTENTOPS_UPSTREAM_KEY``; admin calls need a key from ``INTENTOPS_ADMIN_KEYS``.
+  ``INTENTOPS_UPSTREAM_KEY``; routes and stats need an operator key
+  (``INTENTOPS_ADMIN_KEYS``).
+* Key management is the admin role's (``INTENTOPS_KEY_ADMIN_KEYS``), and only its:
+  ``GET /admin/keys`` lists the client keys by fingerprint, ``POST /admin/keys`` makes a
+  new client key (shown once), ``DELETE /admin/keys/<fingerprint>`` revokes one (never the
+  last). Changes take effect at once and, when the keys came from
+  ``INTENTOPS_API_KEYS_FILE``, are written back to that file (mode 0600, atomically); each
+  is an audit record (``keys.create``, ``keys.revoke``).
 * More requests in flight than ``--max-inflight`` are shed with 503 and Retry-After.
 
 Written by hand: the traffic split, sticky hashing and the retry are what Envoy or an
@@ -38,8 +45,10 @@ import json
 import logging
 import os
 import random
+import secrets
 import time
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -47,7 +56,8 @@ from fastapi import Depends, FastAPI, HTTPException, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from pydantic import BaseModel, ConfigDict, Field
 
-from deploy.server import BodyLimit, key_matches, load_api_keys, presented_key
+from core.secretfiles import write_private
+from deploy.server import BodyLimit, key_actor, key_matches, load_api_keys, presented_key, role_of
 
 log = logging.getLogger("intentops.router")
 ROUTING_KEY = "x-routing-key"
@@ -72,7 +82,9 @@ class RoutesUpdate(BaseModel):
 @dataclass
 class RouterConfig:
     api_keys: list[str] = field(default_factory=list)
-    admin_keys: list[str] = field(default_factory=list)
+    admin_keys: list[str] = field(default_factory=list)  # role operator: routes, stats
+    key_admin_keys: list[str] = field(default_factory=list)  # role admin: client keys
+    keys_file: Path | None = None  # where client keys persist (INTENTOPS_API_KEYS_FILE)
     upstream_key: str = ""
     timeout_s: float = 10.0
     max_inflight: int = 512
@@ -264,16 +276,32 @@ def create_app(router: Router) -> FastAPI:
         if router.cfg.api_keys and not key_matches(presented_key(request), router.cfg.api_keys):
             raise HTTPException(401, "missing or unknown API key", headers={"WWW-Authenticate": "Bearer"})
 
+    def role(given: str) -> str | None:
+        return role_of(given, {"admin": router.cfg.key_admin_keys, "operator": router.cfg.admin_keys,
+                               "client": router.cfg.api_keys})
+
     async def admin(request: Request) -> None:
-        """/admin/*: the operator role (``INTENTOPS_ADMIN_KEYS``). A client key is 403."""
+        """/admin/routes and /admin/stats: the operator role (``INTENTOPS_ADMIN_KEYS``).
+        Another role's key is 403, an unknown one 401."""
         if not router.cfg.admin_keys:
             raise HTTPException(403, "no operator key configured (INTENTOPS_ADMIN_KEYS)")
-        given = presented_key(request)
-        if key_matches(given, router.cfg.admin_keys):
+        found = role(presented_key(request))
+        if found == "operator":
             return
-        if router.cfg.api_keys and key_matches(given, router.cfg.api_keys):
-            raise HTTPException(403, "a client key may not call /admin (the operator role may)")
+        if found is not None:
+            raise HTTPException(403, f"a {found} key may not call this (the operator role may)")
         raise HTTPException(401, "missing or unknown operator key", headers={"WWW-Authenticate": "Bearer"})
+
+    async def key_admin(request: Request) -> None:
+        """/admin/keys: the admin role (``INTENTOPS_KEY_ADMIN_KEYS``) only."""
+        if not router.cfg.key_admin_keys:
+            raise HTTPException(403, "no admin key configured (INTENTOPS_KEY_ADMIN_KEYS)")
+        found = role(presented_key(request))
+        if found == "admin":
+            return
+        if found is not None:
+            raise HTTPException(403, f"a {found} key may not manage keys (the admin role may)")
+        raise HTTPException(401, "missing or unknown admin key", headers={"WWW-Authenticate": "Bearer"})
 
     def answer(status: int, content: bytes, variant: str) -> Response:
         router.metrics.client.labels(str(status)).inc()
@@ -335,7 +363,6 @@ def create_app(router: Router) -> FastAPI:
     @app.put("/admin/routes", dependencies=[Depends(admin)])
     async def put_routes(upd: RoutesUpdate, request: Request) -> dict[str, Any]:
         from core import audit
-        from deploy.server import key_actor
 
         who = key_actor(presented_key(request))
         change = json.dumps(upd.model_dump(exclude_none=True), sort_keys=True)
@@ -355,6 +382,60 @@ def create_app(router: Router) -> FastAPI:
     @app.get("/admin/stats", dependencies=[Depends(admin)])
     async def stats(since: float = 0.0) -> dict[str, Any]:
         return router.stats.summary(since) | {"routes": asdict(router.routes), "now": time.time()}
+
+    def audited(request: Request) -> str:
+        """The caller's fingerprint, once the audit log is known to be writable."""
+        from core import audit
+
+        try:
+            audit.check_writable()
+        except audit.AuditError as exc:
+            log.error("%s", exc)
+            raise HTTPException(503, "keys unchanged: the audit log cannot be written") from None
+        return key_actor(presented_key(request))
+
+    def persist_keys() -> bool:
+        if router.cfg.keys_file is None:
+            return False
+        write_private(router.cfg.keys_file, "".join(k + "\n" for k in router.cfg.api_keys))
+        return True
+
+    @app.get("/admin/keys", dependencies=[Depends(key_admin)])
+    async def list_keys() -> dict[str, Any]:
+        return {"keys": [{"fingerprint": key_actor(k).removeprefix("key:"), "role": "client"}
+                         for k in router.cfg.api_keys],
+                "persisted_to_file": router.cfg.keys_file is not None}
+
+    @app.post("/admin/keys", dependencies=[Depends(key_admin)], status_code=201)
+    async def create_key(request: Request) -> dict[str, Any]:
+        from core import audit
+
+        new = secrets.token_urlsafe(32)
+        fingerprint = key_actor(new).removeprefix("key:")
+        who = audited(request)
+        router.cfg.api_keys.append(new)
+        persisted = persist_keys()
+        audit.record("keys.create", f"client key {fingerprint}", "done",
+                     "" if persisted else "in memory only (no INTENTOPS_API_KEYS_FILE)", actor_=who, role="admin")
+        return {"key": new, "fingerprint": fingerprint, "role": "client", "persisted_to_file": persisted}
+
+    @app.delete("/admin/keys/{fingerprint}", dependencies=[Depends(key_admin)])
+    async def revoke_key(fingerprint: str, request: Request) -> dict[str, Any]:
+        from core import audit
+
+        matching = [k for k in router.cfg.api_keys if key_actor(k).removeprefix("key:") == fingerprint]
+        if not matching:
+            raise HTTPException(404, "no client key has that fingerprint")
+        who = audited(request)
+        if len(matching) == len(router.cfg.api_keys):
+            audit.record("keys.revoke", f"client key {fingerprint}", "refused", "the last client key",
+                         actor_=who, role="admin")
+            raise HTTPException(409, "the last client key cannot be revoked: create its successor first")
+        for k in matching:
+            router.cfg.api_keys.remove(k)
+        persisted = persist_keys()
+        audit.record("keys.revoke", f"client key {fingerprint}", "done", "", actor_=who, role="admin")
+        return {"revoked": fingerprint, "remaining": len(router.cfg.api_keys), "persisted_to_file": persisted}
 
     return app
 
@@ -381,8 +462,12 @@ def main(argv: list[str] | None = None) -> int:
     keys = load_api_keys()
     if not keys and not args.no_auth:
         ap.error("no API key configured: set INTENTOPS_API_KEYS or INTENTOPS_API_KEYS_FILE (or --no-auth)")
-    admin = [k.strip() for k in os.environ.get("INTENTOPS_ADMIN_KEYS", "").split(",") if k.strip()]
-    cfg = RouterConfig(api_keys=keys, admin_keys=admin, upstream_key=os.environ.get("INTENTOPS_UPSTREAM_KEY", ""),
+    admin = load_api_keys(var="INTENTOPS_ADMIN_KEYS")
+    key_admin = load_api_keys(var="INTENTOPS_KEY_ADMIN_KEYS")
+    keys_file = os.environ.get("INTENTOPS_API_KEYS_FILE")
+    cfg = RouterConfig(api_keys=keys, admin_keys=admin, key_admin_keys=key_admin,
+                       keys_file=Path(keys_file) if keys_file and not os.environ.get("INTENTOPS_API_KEYS") else None,
+                       upstream_key=os.environ.get("INTENTOPS_UPSTREAM_KEY", ""),
                        timeout_s=args.timeout, max_inflight=args.max_inflight,
                        max_body_bytes=args.max_body_bytes,
                        **({"allowed_upstreams": tuple(args.allow_upstream)} if args.allow_upstream else {}))

@@ -97,6 +97,8 @@ def attach(cfg: PipelineConfig, name: str, version: str, out: Path, report: dict
         log.info("builds already attached to %s v%s; reusing them", name, version)
         return {b: mv.tags[f"intentops.onnx.{b}.model_uri"] for b in ("fp32", "int8")}
     mlflow.set_tracking_uri(tracking.tracking_uri(cfg))
+    # The version's run may sit in another experiment than one this process set active.
+    mlflow.set_experiment(experiment_id=client.get_run(mv.run_id).info.experiment_id)
     status = report["int8"]["status"]
     num_classes = len(json.loads((out / "fp32" / "labels.json").read_text()))
     uris: dict[str, str] = {}

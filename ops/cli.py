@@ -56,13 +56,17 @@ def build_parser() -> argparse.ArgumentParser:
     r = _with_config(sub.add_parser("run", help="the stages in order, in-process, without Airflow"))
     r.add_argument("--through", choices=stages.NAMES, default="labelqa",
                    help="the last stage to run (default labelqa: every data stage)")
-    dp = sub.add_parser("deploy", help="the serving deployment: status, rollout, rollback, stop")
+    dp = sub.add_parser("deploy", help="the serving deployment: status, rollout, rollback, keys, stop")
     dsub = dp.add_subparsers(dest="action", required=True)
     for action, help_ in (("status", "versions, weights and health of the router and servers"),
                           ("up", "start the router and the champion's server if they are not running"),
                           ("rollback", "serve the 'previous' version now and swap champion/previous"),
                           ("stop", "stop every process the deployment started")):
         _with_config(dsub.add_parser(action, help=help_))
+    kp = _with_config(dsub.add_parser("keys", help="the router's client keys, as the admin role: "
+                                      "list, create (shown once), revoke FINGERPRINT"))
+    kp.add_argument("keys_action", choices=("list", "create", "revoke"))
+    kp.add_argument("fingerprint", nargs="?", help="the key to revoke (from `keys list`)")
     ro = _with_config(dsub.add_parser("rollout", help=stages.get("deploy").summary))
     ro.set_defaults(cmd="deploy", stage="deploy")
     for name, help_ in (("up", "start the local services: MLflow server, airflow standalone, serving"),
@@ -110,6 +114,9 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    from ops.services import apply_client_credentials
+
+    apply_client_credentials()
     try:
         return _handler(args)(args)
     except StageVerdict as exc:  # before StageError: a verdict is one
@@ -222,6 +229,8 @@ def _deploy(args: argparse.Namespace) -> int:
                               "client_keys_file": str(dep.client_keys_file)}, indent=2))
         elif args.action == "rollback":
             print(json.dumps(dep.rollback(), indent=2))
+        elif args.action == "keys":
+            print(json.dumps(dep.keys(args.keys_action, args.fingerprint), indent=2))
         elif args.action == "stop":
             stopped = dep.stop()
             print("stopped: " + (", ".join(stopped) if stopped else "nothing was running"))

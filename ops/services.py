@@ -3,7 +3,11 @@
 ``up`` starts, bound to 127.0.0.1 by default:
 
 * the MLflow tracking server with its UI and model registry, on a SQLite backend and a
-  local artifact store under ``var/mlflow/`` (the store ``make mlflow`` serves);
+  local artifact store under ``var/mlflow/`` (the store ``make mlflow`` serves), with
+  MLflow's basic-auth app (``core/registry_auth.py``): the admin, pipeline and follower
+  passwords are generated into ``var/services/credentials.json`` (mode 0600), the auth
+  database is ``var/mlflow/auth/basic_auth.db``, and Airflow's tasks log as the pipeline
+  user;
 * ``airflow standalone`` (API server with the UI and the REST API v2, scheduler,
   dag-processor, triggerer; LocalExecutor, SQLite) in the project's ``AIRFLOW_HOME``, its
   tasks logging to that MLflow server;
@@ -37,7 +41,7 @@ from typing import Any
 
 import httpx
 
-from core import procs
+from core import procs, registry_auth
 from core.config import PROJECT_ROOT, PipelineConfig, load_config
 
 
@@ -85,6 +89,7 @@ class Services:
         self.root = _root(self.cfg)
         self.logs = self.root / "logs"
         self.state_file = self.root / "state.json"
+        self.credentials_file = self.root / "credentials.json"
         self.bin = Path(sys.executable).parent
 
     # -- urls ---------------------------------------------------------------------------
@@ -110,6 +115,12 @@ class Services:
 
     alive = staticmethod(procs.alive)
 
+    def registry_credentials(self) -> registry_auth.RegistryCredentials:
+        return registry_auth.RegistryCredentials.load_or_create(self.credentials_file)
+
+    def mlflow_store(self) -> Path:
+        return Path(os.environ.get("INTENTOPS_MLFLOW_STORE") or self.cfg.resolve_path("var/mlflow"))
+
     # -- environment --------------------------------------------------------------------
 
     def env(self) -> dict[str, str]:
@@ -132,6 +143,7 @@ class Services:
             "PYSPARK_PYTHON": env.get("PYSPARK_PYTHON", sys.executable),
             "SPARK_LOCAL_IP": env.get("SPARK_LOCAL_IP", "127.0.0.1"),
             "MLFLOW_TRACKING_URI": self.mlflow_url,
+            **registry_auth.client_env(self.registry_credentials()),  # the pipeline user
             "PYTHONPATH": os.pathsep.join([str(PROJECT_ROOT), *filter(None, [env.get("PYTHONPATH")])]),
         })
         return env
@@ -188,15 +200,21 @@ class Services:
         env = self.env()
         started: list[str] = []
         if not self.alive(state.get("mlflow")):
-            store = Path(os.environ.get("INTENTOPS_MLFLOW_STORE") or self.cfg.resolve_path("var/mlflow"))
+            store = self.mlflow_store()
             (store / "artifacts").mkdir(parents=True, exist_ok=True)
+            server_env = {**env, **registry_auth.server_env(self.registry_credentials(), store / "auth")}
             state["mlflow"] = self._spawn("mlflow", [
-                str(self.bin / "mlflow"), "server", "--host", self.ports.host, "--port", str(self.ports.mlflow),
+                str(self.bin / "mlflow"), "server", *registry_auth.server_args(),
+                "--host", self.ports.host, "--port", str(self.ports.mlflow),
                 "--backend-store-uri", f"sqlite:///{store / 'mlflow.db'}",
-                "--artifacts-destination", str(store / "artifacts"), "--workers", "1"], env)
+                "--artifacts-destination", str(store / "artifacts"), "--workers", "1"], server_env)
             self._save(state)
             started.append("mlflow")
         self._wait("mlflow", state["mlflow"], f"{self.mlflow_url}/health", 180)
+        try:
+            registry_auth.provision(self.mlflow_url, self.registry_credentials())
+        except registry_auth.RegistryAuthError as e:
+            raise ServiceError(f"mlflow users not provisioned: {e}; see {state['mlflow']['log']}") from e
 
         if not self.alive(state.get("airflow")):
             for cmd in (["db", "migrate"],
@@ -214,6 +232,7 @@ class Services:
         from deploy import task as deploy_task
 
         os.environ["MLFLOW_TRACKING_URI"] = self.mlflow_url  # the champion comes from this registry
+        os.environ.update(registry_auth.client_env(self.registry_credentials()))
         stable = deploy_task.ensure_serving(self.cfg)
         state["serving"] = {"router": deploy_task.router_url(self.cfg),
                             "stable_version": stable and stable.get("version")}
@@ -228,7 +247,10 @@ class Services:
         return {
             "airflow": {"url": self.airflow_url, "user": "admin", "password_file": _rel(passwords_file()),
                         "running": self.alive(state.get("airflow"))},
-            "mlflow": {"url": self.mlflow_url, "running": self.alive(state.get("mlflow"))},
+            "mlflow": {"url": self.mlflow_url, "running": self.alive(state.get("mlflow")),
+                       "auth": "basic", "users": [registry_auth.ADMIN_USER, registry_auth.PIPELINE_USER,
+                                                  registry_auth.FOLLOWER_USER],
+                       "credentials_file": _rel(self.credentials_file)},
             "router": {"url": (state.get("serving") or {}).get("router"),
                        "client_keys_file": _rel(dep.secrets / "client_keys"),
                        "stable_version": (state.get("serving") or {}).get("stable_version")},
@@ -249,6 +271,22 @@ class Services:
         state.pop("serving", None)
         self._save(state)
         return stopped
+
+
+def apply_client_credentials(env: dict[str, str] | None = None) -> bool:
+    """Let a command run by hand (``intentops deploy rollback``) reach the authenticated
+    registry of ``make up``: when ``MLFLOW_TRACKING_URI`` is that server and no MLflow
+    user is set, the pipeline user's credentials from the services' credentials file are
+    put into the environment. True when they were."""
+    env = os.environ if env is None else env
+    uri = (env.get("MLFLOW_TRACKING_URI") or "").rstrip("/")
+    if not uri or env.get("MLFLOW_TRACKING_USERNAME"):
+        return False
+    svc = Services()
+    if uri != svc.mlflow_url or not svc.credentials_file.exists():
+        return False
+    env.update(registry_auth.client_env(svc.registry_credentials()))
+    return True
 
 
 def _airflow_healthy(r: httpx.Response) -> bool:

@@ -38,8 +38,20 @@ def audit_log(tmp_path_factory) -> Path:
     return path
 
 
+@pytest.fixture(scope="session", autouse=True)
+def registry_credentials(tmp_path_factory):
+    """Generated passwords of the session MLflow server's users; this process and every
+    child process (through the environment) talk to it as the pipeline user."""
+    from core import registry_auth
+
+    creds = registry_auth.RegistryCredentials.load_or_create(
+        tmp_path_factory.mktemp("registry-auth") / "credentials.json")
+    os.environ.update(registry_auth.client_env(creds))
+    return creds
+
+
 @pytest.fixture(scope="session")
-def project_env(audit_log) -> dict[str, str]:
+def project_env(audit_log, registry_credentials) -> dict[str, str]:
     """Environment for child processes: the venv first on PATH (spark-submit, airflow)."""
     bin_dir = str(Path(sys.executable).parent)
     env = {k: v for k, v in os.environ.items() if not k.startswith(("INTENTOPS__", "AIRFLOW"))}
@@ -62,21 +74,26 @@ def _free_port() -> int:
 
 
 @pytest.fixture(scope="session")
-def mlflow_server(tmp_path_factory, project_env):
-    """A real MLflow tracking server (SQLite backend, proxied local artifact store) for
-    the session; yields its URI."""
+def mlflow_server(tmp_path_factory, project_env, registry_credentials):
+    """A real MLflow tracking server (SQLite backend, proxied local artifact store) with
+    MLflow's basic-auth app, as ``make up`` runs it, for the session; yields its URI. The
+    suite talks to it as the pipeline user (``registry_credentials``)."""
     import subprocess
     import time
     import urllib.request
+
+    from core import registry_auth
 
     base = tmp_path_factory.mktemp("mlflow")
     port = _free_port()
     log = (base / "server.log").open("w")
     proc = subprocess.Popen(
-        [str(Path(sys.executable).parent / "mlflow"), "server", "--host", "127.0.0.1",
+        [str(Path(sys.executable).parent / "mlflow"), "server", *registry_auth.server_args(),
+         "--host", "127.0.0.1",
          "--port", str(port), "--backend-store-uri", f"sqlite:///{base / 'mlflow.db'}",
          "--artifacts-destination", str(base / "artifacts"), "--workers", "1"],
-        env=project_env, stdout=log, stderr=subprocess.STDOUT,
+        env={**project_env, **registry_auth.server_env(registry_credentials, base / "auth")},
+        stdout=log, stderr=subprocess.STDOUT,
     )
     uri = f"http://127.0.0.1:{port}"
     deadline = time.time() + 120
@@ -91,6 +108,7 @@ def mlflow_server(tmp_path_factory, project_env):
             proc.kill()
             raise RuntimeError("mlflow server did not start: " + (base / "server.log").read_text()[-3000:])
         time.sleep(0.5)
+    registry_auth.provision(uri, registry_credentials)
     yield uri
     proc.terminate()
     try:

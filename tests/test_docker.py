@@ -359,7 +359,7 @@ def test_serving_image_runs_with_its_own_packages_only(tmp_path: Path):
             f"assert contract.preprocess.version() == {code_version('contract.preprocess')!r}\n"
             "import sys\nprint(sorted(m for m in sys.modules if m.split('.')[0] in "
             "('torch', 'airflow', 'pyspark', 'pandas', 'training', 'quality', 'jobs') or "
-            "(m.startswith('core.') and m not in ('core.stage', 'core.codeversion', 'core.audit'))))")
+            "(m.startswith('core.') and m not in ('core.stage', 'core.codeversion', 'core.audit', 'core.secretfiles'))))")
     p = subprocess.run([sys.executable, "-S", "-c", code], env=env, cwd=tmp_path,
                        capture_output=True, text=True, timeout=120)
     assert p.returncode == 0, p.stderr[-3000:]
@@ -414,7 +414,7 @@ def test_every_variable_is_set_by_the_example_env_file():
         if op not in (":-", "-"):
             assert name in env, f"${{{name}}} has no default and is not in docker/.env.example"
     resolved_compose()  # raises KeyError on a required one that is missing
-    with pytest.raises(KeyError, match="POSTGRES_PASSWORD|AIRFLOW_FERNET_KEY|PSEUDONYM"):
+    with pytest.raises(KeyError, match="POSTGRES_PASSWORD|AIRFLOW_FERNET_KEY|PSEUDONYM|MLFLOW_PIPELINE_PASSWORD"):
         interpolate(compose, {})
 
 
@@ -696,6 +696,37 @@ def test_the_router_points_at_the_model_server_services():
         assert option(svc["command"], "--host") == "0.0.0.0"  # reachable on the compose network
 
 
+def test_the_registry_asks_who_you_are_in_compose():
+    from core import registry_auth
+
+    compose = resolved_compose()["services"]
+    mlflow = compose["mlflow"]
+    assert mlflow["command"][:4] == ["mlflow", "server", "--app-name", "basic-auth"]
+    ini_path = environment(mlflow)["MLFLOW_AUTH_CONFIG_PATH"]
+    mounts = {v.split(":")[1]: v.split(":")[0] for v in mlflow["volumes"]}
+    ini = (DOCKER / mounts[ini_path]).read_text()
+    body = "".join(line + "\n" for line in ini.splitlines() if not line.startswith("#"))
+    assert body == registry_auth.server_config(registry_auth.COMPOSE_DATABASE_URI)
+    assert "password" not in ini.split("[mlflow]")[1].replace("PGPASSWORD", "")
+    assert environment(mlflow)["MLFLOW_AUTH_ADMIN_PASSWORD"]
+    # Whoever talks to MLflow says who it is: the pipeline's user writes, the follower reads.
+    users = {name: environment(svc).get("MLFLOW_TRACKING_USERNAME") for name, svc in compose.items()
+             if "MLFLOW_TRACKING_URI" in environment(svc)}
+    assert users and all(users.values()), users
+    assert users["airflow-worker"] == users["trainer"] == registry_auth.PIPELINE_USER
+    assert users["model-server"] == users["model-server-canary"] == registry_auth.FOLLOWER_USER
+    env = environment(compose["model-server"])
+    assert env["MLFLOW_TRACKING_PASSWORD"] != environment(compose["airflow-worker"])["MLFLOW_TRACKING_PASSWORD"] \
+        or env_example()["MLFLOW_FOLLOWER_PASSWORD"] == env_example()["MLFLOW_PIPELINE_PASSWORD"]
+    # The users job provisions both from the environment the auth module reads.
+    job = compose["mlflow-users"]
+    assert job["command"][:4] == ["python", "-m", "core.registry_auth", "provision"]
+    assert urlsplit(job["command"][4]).hostname == "mlflow"
+    registry_auth.RegistryCredentials.from_env(environment(job))  # every variable is there
+    for name in ("airflow-worker", "trainer", "model-server"):
+        assert depends_on(compose[name])["mlflow-users"]["condition"] == "service_completed_successfully"
+
+
 # -- scripts ------------------------------------------------------------------------------------
 
 def test_healthcheck_roles_match_the_services_commands():
@@ -807,6 +838,13 @@ def test_postgres_init_script_creates_both_databases():
             assert p.stdout.strip() == f"{role}|{role}"
         p = run("psql", "-U", "airflow", "-d", "airflow", "-c", "select 1", env={"PGPASSWORD": "wrong"}, check=False)
         assert p.returncode != 0 and "password authentication failed" in p.stderr, p.stderr
+        # MLflow's auth database belongs to the MLflow role (docker/mlflow/basic_auth.ini).
+        p = run("psql", "-U", "mlflow", "-d", "mlflow_auth", "-tAc", "select current_database()",
+                env={"PGPASSWORD": "ml-pw"})
+        assert p.stdout.strip() == "mlflow_auth"
+        p = run("psql", "-U", "airflow", "-d", "mlflow_auth", "-c", "select 1", env={"PGPASSWORD": "air-pw"},
+                check=False)
+        assert p.returncode != 0 and "permission denied" in p.stderr, p.stderr
         # A role reaches its own database only.
         p = run("psql", "-U", "mlflow", "-d", "airflow", "-c", "select 1", env={"PGPASSWORD": "ml-pw"}, check=False)
         assert p.returncode != 0 and "permission denied" in p.stderr, p.stderr

@@ -168,3 +168,68 @@ def test_routes_only_to_allowed_upstreams_and_refuses_bad_keys_and_big_bodies(ro
     big = b'{"text": "' + b"a" * (2 * 1024 * 1024) + b'"}'
     r = httpx.post(f"{router}/v1/predict", content=big, headers={**H, "content-type": "application/json"})
     assert r.status_code == 413
+
+
+def test_client_keys_are_managed_by_the_admin_role_only_and_audited(servers, project_env, tmp_path, audit_log):
+    import json
+
+    from deploy.server import key_actor
+
+    keys_file = tmp_path / "client_keys"
+    keys_file.write_text(f"{CLIENT}\n")
+    keys_file.chmod(0o600)
+    key_admin = "key-admin-key"
+    env = dict(project_env, INTENTOPS_API_KEYS_FILE=str(keys_file), INTENTOPS_KEY_ADMIN_KEYS=key_admin)
+    port = _free_port()
+    env = dict(env, INTENTOPS_UPSTREAM_KEY=INTERNAL, INTENTOPS_ADMIN_KEYS=ADMIN)
+    env.pop("INTENTOPS_API_KEYS", None)
+    proc = subprocess.Popen([sys.executable, "-m", "deploy.router", "--stable", servers["stable"],
+                             "--port", str(port)], env=env, cwd=ROOT,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    url = f"http://127.0.0.1:{port}"
+    K = {"Authorization": f"Bearer {key_admin}"}
+    try:
+        for _ in range(200):
+            try:
+                if httpx.get(f"{url}/health/ready", timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                time.sleep(0.1)
+        # Roles: a client or operator key may not manage keys (403), an unknown key is 401,
+        # and the admin key is not an operator key (routes stay the operator's).
+        assert httpx.get(f"{url}/admin/keys", headers=H).status_code == 403
+        assert httpx.post(f"{url}/admin/keys", headers=A).status_code == 403
+        assert httpx.get(f"{url}/admin/keys", headers={"Authorization": "Bearer nobody"}).status_code == 401
+        assert httpx.put(f"{url}/admin/routes", json={"weight": 0}, headers=K).status_code == 403
+        listed = httpx.get(f"{url}/admin/keys", headers=K).json()
+        assert listed["keys"] == [{"fingerprint": key_actor(CLIENT).removeprefix("key:"), "role": "client"}]
+        assert CLIENT not in json.dumps(listed)
+
+        made = httpx.post(f"{url}/admin/keys", headers=K)
+        assert made.status_code == 201 and made.json()["persisted_to_file"] is True
+        new = made.json()["key"]
+        # The new key works at once, and is in the file (mode 0600) for the next start.
+        assert httpx.post(f"{url}/v1/predict", json={"text": "card not working"},
+                          headers={"Authorization": f"Bearer {new}"}).status_code == 200
+        assert keys_file.read_text().split() == [CLIENT, new]
+        assert oct(keys_file.stat().st_mode & 0o777) == "0o600"
+
+        old_fp = key_actor(CLIENT).removeprefix("key:")
+        assert httpx.delete(f"{url}/admin/keys/{old_fp}", headers=H).status_code == 403
+        assert httpx.delete(f"{url}/admin/keys/000000000000", headers=K).status_code == 404
+        r = httpx.delete(f"{url}/admin/keys/{old_fp}", headers=K)
+        assert r.status_code == 200 and r.json()["remaining"] == 1
+        assert httpx.post(f"{url}/v1/predict", json={"text": "card not working"}, headers=H).status_code == 401
+        assert keys_file.read_text().split() == [new]
+        # The last key cannot go: the router would otherwise have no client at all.
+        new_fp = made.json()["fingerprint"]
+        assert httpx.delete(f"{url}/admin/keys/{new_fp}", headers=K).status_code == 409
+
+        records = [json.loads(line) for line in audit_log.read_text().splitlines()]
+        mine = [r for r in records if r["action"].startswith("keys.") and r["actor"] == key_actor(key_admin)]
+        assert [(r["action"], r["outcome"]) for r in mine[-3:]] == [
+            ("keys.create", "done"), ("keys.revoke", "done"), ("keys.revoke", "refused")]
+        assert all(r["role"] == "admin" for r in mine) and new not in audit_log.read_text()
+    finally:
+        proc.terminate()
+        proc.wait(timeout=20)

@@ -43,7 +43,8 @@ def _json_tail(text: str) -> dict:
 @pytest.fixture(scope="module")
 def services(tmp_path_factory, project_env):
     base = tmp_path_factory.mktemp("services")
-    env = dict(project_env)
+    # As a user runs `make up`: no MLflow user of its own (up generates the registry's).
+    env = {k: v for k, v in project_env.items() if not k.startswith("MLFLOW_TRACKING_")}
     env.update(
         AIRFLOW_HOME=str(base / "airflow"),
         INTENTOPS_SERVICES_ROOT=str(base / "services"),
@@ -83,6 +84,21 @@ def services(tmp_path_factory, project_env):
         print(down.stdout, down.stderr)
 
 
+@pytest.fixture
+def registry(services, monkeypatch):
+    """An MlflowClient on the services' registry as the pipeline user (credentials from
+    the file `up` generated)."""
+    from mlflow.tracking import MlflowClient
+
+    from core import registry_auth
+
+    env, base, _, info = services
+    creds = registry_auth.RegistryCredentials.load_or_create(base / "services" / "credentials.json")
+    for k, v in registry_auth.client_env(creds).items():
+        monkeypatch.setenv(k, v)
+    return MlflowClient(tracking_uri=info["mlflow"]["url"])
+
+
 @pytest.fixture(scope="module")
 def api(services):
     env, base, _, info = services
@@ -97,6 +113,12 @@ def test_up_prints_urls_and_a_second_up_is_harmless(services):
     env, base, _, info = services
     assert info["airflow"]["running"] and info["mlflow"]["running"]
     assert info["airflow"]["url"].startswith("http://127.0.0.1:")
+    # The registry asks who you are; the passwords are in a private file, not in the output.
+    creds_file = base / "services" / "credentials.json"
+    assert info["mlflow"]["auth"] == "basic" and oct(creds_file.stat().st_mode & 0o777) == "0o600"
+    assert json.loads(creds_file.read_text())["mlflow"]["pipeline_password"] not in json.dumps(info)
+    r = httpx.get(f"{info['mlflow']['url']}/api/2.0/mlflow/registered-models/search")
+    assert r.status_code == 401
     assert Path(base / "airflow" / "simple_auth_manager_passwords.json.generated").exists()
     state = json.loads((base / "services" / "state.json").read_text())
     again = _cli(env, "up")
@@ -106,7 +128,7 @@ def test_up_prints_urls_and_a_second_up_is_harmless(services):
     assert {k: after[k]["pid"] for k in ("airflow", "mlflow")} == {k: state[k]["pid"] for k in ("airflow", "mlflow")}
 
 
-def test_rest_triggered_run_registers_promotes_and_serves(services, api):
+def test_rest_triggered_run_registers_promotes_and_serves(services, api, registry):
     env, base, raw, info = services
     run_id = api.trigger({"input_path": str(raw / "raw.csv"), **CONF})
     done = api.wait_runs([run_id])[run_id]
@@ -114,9 +136,7 @@ def test_rest_triggered_run_registers_promotes_and_serves(services, api):
     states = api.task_states(run_id)
     assert all(states[t] == "success" for t in ("clean", "train", "register", "export", "deploy", "summary"))
 
-    from mlflow.tracking import MlflowClient
-
-    client = MlflowClient(tracking_uri=info["mlflow"]["url"])
+    client = registry
     model = client.get_registered_model("intentops-banking77")
     versions = client.search_model_versions("name='intentops-banking77'")
     assert len(versions) == 1
@@ -130,7 +150,7 @@ def test_rest_triggered_run_registers_promotes_and_serves(services, api):
     assert r.json()["model_version"] == versions[0].version
 
 
-def test_backfill_reads_its_days_and_a_second_backfill_is_all_cache_hits(services, api):
+def test_backfill_reads_its_days_and_a_second_backfill_is_all_cache_hits(services, api, registry):
     env, base, raw, info = services
     # The day's models must not displace the champion of the test above: an impossible
     # registration margin has the registry gate reject them. A refused registration is a
@@ -142,7 +162,7 @@ def test_backfill_reads_its_days_and_a_second_backfill_is_all_cache_hits(service
             # swings past the 5% bar, which is not what this test is about.
             "dag_run_conf": {"input_path": str(raw / "daily"), **CONF, "registration_margin": 1.0,
                              "max_suspect_rate": 0.25}}
-    versions_before = _versions(info)
+    versions_before = _versions(registry)
 
     def backfill(reprocess: str) -> list[str]:
         """Create the backfill; wait until both its runs ended after it was created."""
@@ -181,20 +201,17 @@ def test_backfill_reads_its_days_and_a_second_backfill_is_all_cache_hits(service
         summary = json.loads((run_dir(lake, run_id) / "summary.json").read_text())
         register = next(st for st in summary["stages"] if st["stage"] == "register")
         assert register["registered"] is False and "does not beat champion" in register["registration_reason"]
-    assert _versions(info) == versions_before
+    assert _versions(registry) == versions_before
     second = backfill("completed")  # the same days again
     assert second == first
     for run_id in second:
         summary = json.loads((run_dir(lake, run_id) / "summary.json").read_text())
         ran = [s["stage"] for s in summary["stages"] if not s.get("cache_hit")]
         assert ran == [], f"{run_id}: stages that did work again: {ran}"
-    assert _versions(info) == versions_before
+    assert _versions(registry) == versions_before
 
 
-def _versions(info: dict) -> list[str]:
-    from mlflow.tracking import MlflowClient
-
-    client = MlflowClient(tracking_uri=info["mlflow"]["url"])
+def _versions(client) -> list[str]:
     return sorted(v.version for v in client.search_model_versions("name='intentops-banking77'"))
 
 

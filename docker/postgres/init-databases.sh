@@ -1,7 +1,8 @@
 #!/bin/bash
 # Postgres first-start script (mounted into /docker-entrypoint-initdb.d/, which the postgres
 # image runs once, when its data volume is empty): one server, one database and one login
-# role each for Airflow's metadata and MLflow's tracking/registry store. The passwords come
+# role each for Airflow's metadata and MLflow's tracking/registry store (plus MLflow's
+# auth database, owned by the MLflow role). The passwords come
 # from the container's environment (docker/.env); a role can reach its own database only.
 set -euo pipefail
 
@@ -18,4 +19,7 @@ REVOKE ALL ON DATABASE airflow FROM PUBLIC;
 CREATE ROLE mlflow LOGIN PASSWORD :'mlflow_password';
 CREATE DATABASE mlflow OWNER mlflow;
 REVOKE ALL ON DATABASE mlflow FROM PUBLIC;
+-- MLflow's basic-auth app: users and permissions (docker/mlflow/basic_auth.ini).
+CREATE DATABASE mlflow_auth OWNER mlflow;
+REVOKE ALL ON DATABASE mlflow_auth FROM PUBLIC;
 SQL
