@@ -59,6 +59,9 @@ class OnnxInt8Model(_PythonModel):
     """pyfunc over an int8 ONNX build folder: texts in, label/score/oos out, masked and
     decided as the model server does (one call per request: no micro-batching)."""
 
+    def __getstate__(self) -> dict:
+        return {}  # the session is made in load_context, never pickled
+
     def load_context(self, context) -> None:
         from contract.preprocess import Preprocessor
         from contract.reject import RejectRule
