@@ -59,6 +59,9 @@ class OnnxInt8Model(_PythonModel):
     """pyfunc over an int8 ONNX build folder: texts in, label/score/oos out, masked and
     decided as the model server does (one call per request: no micro-batching)."""
 
+    def __getstate__(self) -> dict:
+        return {}  # the session is made in load_context, never pickled
+
     def load_context(self, context) -> None:
         from contract.preprocess import Preprocessor
         from contract.reject import RejectRule
@@ -93,6 +96,11 @@ def log_int8_pyfunc(build: Path, store: Path) -> tuple[str, str]:
     exp = client.get_experiment_by_name("servebench-int8")
     exp_id = exp.experiment_id if exp else client.create_experiment(
         "servebench-int8", artifact_location=(store / "artifacts").as_uri())
+    # By value: ``mlflow models serve`` cannot import this benchmark module by name.
+    import cloudpickle
+
+    if OnnxInt8Model.__module__ != "__main__":
+        cloudpickle.register_pickle_by_value(sys.modules[OnnxInt8Model.__module__])
     with mlflow.start_run(experiment_id=exp_id) as run:
         info = mlflow.pyfunc.log_model(
             name="int8", python_model=OnnxInt8Model(), artifacts={"build": str(build)},

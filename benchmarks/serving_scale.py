@@ -12,12 +12,13 @@ the model's contract, so every path masks PII and applies the reject rule):
    ``OnnxInt8Model``). wrk, closed loop, contenders take turns, medians over repeats.
 2. **30% repeated texts**: a second router with ``--cache-size`` in front of the same
    server, against the cache-off router, on a request stream where 30% of the requests
-   repeat one of 50 messages (the rest are distinct test messages).
+   repeat one of 50 messages and the rest are test messages made unique (a made-up word
+   appended, new in every run, so no run is served from an earlier run's entries).
 3. **A load step** through a real deployment (``Deployment``: router, stable server,
    ``deploy/autoscaler.py`` with min 1, max 2 replicas): 8 wrk connections, then 64; the
-   time from the step until the second replica serves; back to 8 until it is removed; a
-   hot reload (``Deployment.reload_stable``) under load; wrk's failed-request counts
-   through all of it.
+   time from the step until the second replica serves; down to 1 connection until it is
+   removed; a hot reload (``Deployment.reload_stable``) under 8 connections; wrk's
+   failed-request counts through all of it.
 
     .venv/bin/python benchmarks/serving_scale.py --build DIR [--seconds 15] [--repeats 3]
 
@@ -64,11 +65,26 @@ def build_rows_per_s(build: Path, texts: list[str], threads: int, batches: int =
     return statistics.median(rates)
 
 
-def repeated_stream(texts: list[str], share: float, hot: int, n: int, seed: int = 0) -> list[str]:
-    rnd = random.Random(seed)
+def _tag(i: int) -> str:
+    """A made-up lower-case word, unique per ``i`` (no digits: the PII masking would fold
+    numbers together, and the cache with them)."""
+    out = ""
+    while True:
+        i, d = divmod(i, 26)
+        out += chr(97 + d)
+        if not i:
+            return "zq" + out
+
+
+def repeated_stream(texts: list[str], share: float, hot: int, n: int, run: int) -> list[str]:
+    """``share`` of the requests repeat one of ``hot`` messages; the others are test
+    messages made unique with a word of their own, new in every run (so no run finds the
+    previous run's entries in the cache, and the 3,080 test messages never repeat)."""
+    rnd = random.Random(run)
     hot_set = texts[:hot]
-    rest = iter(texts[hot:] * 10)
-    return [rnd.choice(hot_set) if rnd.random() < share else next(rest) for _ in range(n)]
+    rest = texts[hot:]
+    return [rnd.choice(hot_set) if rnd.random() < share else f"{rest[i % len(rest)]} {_tag(run * n + i)}"
+            for i in range(n)]
 
 
 def load_step(build: Path, texts: list[str], work: Path, seconds: dict[str, float]) -> dict[str, Any]:
@@ -128,8 +144,8 @@ def load_step(build: Path, texts: list[str], work: Path, seconds: dict[str, floa
                      cold_start_s=(dep.extras() or [{}])[0].get("cold_start_s"))
             time.sleep(0.2)
         th.join()
-        mark("back to 8 connections", replicas=replicas())
-        th = threading.Thread(target=run, args=("c8 after the step", 8, seconds["calm"]))
+        mark("down to 1 connection", replicas=replicas())
+        th = threading.Thread(target=run, args=("c1 after the step", 1, seconds["calm"]))
         th.start()
         removed_after = None
         t_calm = time.time()
@@ -197,7 +213,6 @@ def main() -> None:
     work = Path(args.work) if args.work else Path(tempfile.gettempdir()) / "servebench-scale"
     work.mkdir(parents=True, exist_ok=True)
     texts = pd.read_csv(ROOT / "data/banking77/test.csv").text.tolist()
-    stream30 = repeated_stream(texts, 0.3, 50, 20000)
     tracking_uri, model_uri = log_int8_pyfunc(build, work / "mlflow")
 
     env = {k: v for k, v in os.environ.items() if not k.startswith(("INTENTOPS_", "MLFLOW_"))}
@@ -236,24 +251,30 @@ def main() -> None:
         time.sleep(2)  # the cache router's first health check: its cache knows the version
         agree = agreement([routers["router"], ml], texts[:200])
 
-        def rounds(contenders: list[Contender], stream: list[str], levels: list[int]) -> dict[str, Any]:
+        def rounds(contenders: list[Contender], stream, levels: list[int]) -> dict[str, Any]:
+            """``stream(run)``: the messages of one wrk run, in order."""
+            run = 0
             for c in contenders:
-                load(c, stream, 4, 3, "wrk", work)
+                load(c, stream(run), 4, 3, "wrk", work)
+                run += 1
             runs: dict[str, dict[int, list]] = {c.name: {} for c in contenders}
             for conc in levels:
                 for r in range(args.repeats):
                     k = r % len(contenders)
                     for c in contenders[k:] + contenders[:k]:
                         idle = [pid for o in contenders if o is not c for pid in o.pids if pid not in c.pids]
-                        res = measured(c, idle, stream, conc, args.seconds, "wrk", work)
+                        res = measured(c, idle, stream(run), conc, args.seconds, "wrk", work)
+                        run += 1
                         res["settle_s"] = settle(c.pids)
                         runs[c.name].setdefault(conc, []).append(res)
                         print(f"c={conc} {c.name}: {res['requests_per_s']:.1f} req/s p50 {res['p50_ms']:.1f} "
                               f"p99 {res['p99_ms']:.1f} errors {res['errors']}", flush=True)
             return {n: {str(c): median_level(rs) for c, rs in per.items()} for n, per in runs.items()}
 
-        varied = rounds([routers["router"], ml], texts, [1, 32])
-        repeated = rounds([routers["router"], routers["router_cache"]], stream30, [32])
+        varied = rounds([routers["router"], ml], lambda run: texts, [1, 32])
+        # 30% repeats; 40,000 messages per run, more than a 15 s run sends without a cache
+        repeated = rounds([routers["router"], routers["router_cache"]],
+                          lambda run: repeated_stream(texts, 0.3, 50, 40000, run), [32])
     finally:
         for proc in reversed(procs):
             stop(proc)

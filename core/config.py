@@ -325,8 +325,9 @@ class AutoscaleConfig(_Section):
     max_replicas: int = Field(1, ge=1, le=32)
     interval_seconds: float = Field(2.0, gt=0)  # between decisions
     window_seconds: float = Field(10.0, gt=0)  # the latency window read from the router
-    target_outstanding: float = Field(6.0, gt=0)  # per replica; above it: scale up
-    low_outstanding: float = Field(1.0, ge=0)  # per replica; below it (and calm): scale down
+    # Per replica; above it: scale up (half a micro-batch of 32 waiting or running).
+    target_outstanding: float = Field(16.0, gt=0)
+    low_outstanding: float = Field(2.0, ge=0)  # per replica; below it (and calm): scale down
     max_p99_ms: float = Field(150.0, gt=0)  # stable p99 above it: scale up
     max_cpu: float = Field(0.9, gt=0, le=1.0)  # busy share of each replica's thread budget
     up_cooldown_seconds: float = Field(10.0, ge=0)

@@ -150,8 +150,18 @@ class Autoscaler:
 
     def step(self) -> tuple[int, str] | None:
         state = self.dep.state()
-        if not (self.dep.alive(state.get("router")) and self.dep.alive(state.get("stable"))):
+        if not self.dep.alive(state.get("router")) or not state.get("stable"):
             return None  # nothing to scale yet (or the deployment is stopping)
+        if not self.dep.alive(state["stable"]):  # the stable server died: start it again
+            from core import audit
+
+            with self.dep.scaling():
+                version = state["stable"]["version"]
+                self.dep.ensure_stable(state, self.cfg.training.registered_model)
+            audit.record("scale", f"{self.cfg.training.registered_model} stable v{version}", "replaced",
+                         "autoscaler: the stable server had died", actor_="autoscaler")
+            self.decisions.labels("replace").inc()
+            return None
         running = len(self.dep.stable_pool(state))
         s = self.signals(state)
         now = time.time()
