@@ -34,6 +34,7 @@ ACTIONS = {
     "dag.trigger": "a pipeline run triggered through the project's Airflow client",
     "keys.create": "a client key made by the admin role (its fingerprint, never the key)",
     "keys.revoke": "a client key revoked by the admin role (done or refused)",
+    "scale": "the stable variant's replica count changed (by the autoscaler or by hand), with the signals",
 }
 DEFAULT = Path(__file__).resolve().parent.parent / "var" / "audit" / "audit.jsonl"
 

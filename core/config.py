@@ -314,6 +314,33 @@ class ExportConfig(_Section):
     candidate_batches: int = Field(6, ge=2)
 
 
+class AutoscaleConfig(_Section):
+    """Replicas of the stable model server (deploy/autoscaler.py): between ``min_replicas``
+    and ``max_replicas``, from the router's outstanding requests per replica, the stable
+    variant's p99 latency and the replicas' CPU, with cool-downs. ``max_replicas`` 1 (the
+    default) runs no autoscaler. Maps onto a Kubernetes HPA (min/max, CPU target,
+    stabilization windows) or KEDA (a Prometheus trigger on intentops_router_outstanding)."""
+
+    min_replicas: int = Field(1, ge=1, le=32)
+    max_replicas: int = Field(1, ge=1, le=32)
+    interval_seconds: float = Field(2.0, gt=0)  # between decisions
+    window_seconds: float = Field(10.0, gt=0)  # the latency window read from the router
+    # Per replica; above it: scale up (half a micro-batch of 32 waiting or running).
+    target_outstanding: float = Field(16.0, gt=0)
+    low_outstanding: float = Field(2.0, ge=0)  # per replica; below it (and calm): scale down
+    max_p99_ms: float = Field(150.0, gt=0)  # stable p99 above it: scale up
+    max_cpu: float = Field(0.9, gt=0, le=1.0)  # busy share of each replica's thread budget
+    up_cooldown_seconds: float = Field(10.0, ge=0)
+    down_cooldown_seconds: float = Field(30.0, ge=0)
+    down_after_seconds: float = Field(20.0, ge=0)  # calm this long before a scale-in
+
+    @model_validator(mode="after")
+    def _bounds(self) -> AutoscaleConfig:
+        if self.min_replicas > self.max_replicas:
+            raise ValueError(f"min_replicas {self.min_replicas} > max_replicas {self.max_replicas}")
+        return self
+
+
 class DeployConfig(_Section):
     """Serving and the canary rollout (deploy/). Processes bind to ``host`` (localhost by
     default); state, logs, downloaded builds and generated keys live under ``root``."""
@@ -346,6 +373,9 @@ class DeployConfig(_Section):
     max_batch: int = Field(32, ge=1)
     max_delay_ms: float = Field(5.0, ge=0.0)
     max_queue: int = Field(256, ge=1)
+    # The router's response cache: answers kept per variant (0: no cache).
+    cache_size: int = Field(0, ge=0)
+    autoscale: AutoscaleConfig = Field(default_factory=AutoscaleConfig)
 
     @field_validator("steps")
     @classmethod

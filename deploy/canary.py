@@ -265,7 +265,7 @@ def rollout(cfg: PipelineConfig, version: str, texts: list[str], labels: list[st
     dep.ensure_router(state)
     stable = dep.ensure_stable(state, name)
     if stable and stable["version"] == str(version):
-        dep.routes(state, stable=stable["url"])
+        dep.routes(state, stable=dep.stable_pool(state))
         return result | {"decision": "already_serving", "reason": f"v{version} is the stable model already"}
     result["stable_version"] = stable["version"] if stable else None
     timeline: list[dict[str, Any]] = []

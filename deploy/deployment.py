@@ -3,6 +3,8 @@
 Everything lives under ``<deploy.root>/<dataset>/`` (``var/deploy/banking77`` for the demo):
 
 * ``state.json``: what runs (router, stable, canary: pid, port, URL, model version, build);
+* ``replicas.json``: the stable variant's extra replicas (same version and build as
+  ``stable``), which ``scale`` and the autoscaler (``deploy/autoscaler.py``) manage;
 * ``builds/v<N>/``: the int8 builds downloaded from the registry, so a restart does not
   need MLflow;
 * ``logs/``: one log file per process;
@@ -168,14 +170,146 @@ class Deployment:
             "--max-delay-ms", str(d.max_delay_ms), "--max-queue", str(d.max_queue),
             "--build-store", str(self.root / "builds"), *(extra or [])],
             {"INTENTOPS_API_KEYS": self._secret("internal_key"), "INTENTOPS_API_KEYS_FILE": None,
+             # The operator role on the server: reload_stable's hot reloads.
+             "INTENTOPS_OPERATOR_KEYS": self._secret("server_operator_key"), "INTENTOPS_OPERATOR_KEYS_FILE": None,
              # A build trained on pseudonymized text masks requests with the same key.
              "INTENTOPS_PSEUDONYM_KEY": (os.environ.get(self.cfg.desensitize.key_env)
                                          if self.cfg.desensitize.mode == "pseudonym" else None)},
             f"server-v{version}-{role}")
         proc |= {"version": str(version), "build": str(build), "role": role, "extra": extra or []}
         self.wait_ready(proc)
-        log.info("model server v%s (%s) ready at %s", version, role, proc["url"])
+        # Cold start: from spawning the process to its first ready answer (a warmed build on
+        # local disk: interpreter, imports, ONNX session, PII tables, warm-up batch).
+        proc["cold_start_s"] = round(time.time() - proc["started"], 2)
+        log.info("model server v%s (%s) ready at %s after %.1f s", version, role, proc["url"],
+                 proc["cold_start_s"])
         return proc
+
+    # -- replicas of the stable variant ---------------------------------------------------
+
+    @property
+    def replicas_file(self) -> Path:
+        return self.root / "replicas.json"
+
+    def extras(self) -> list[dict[str, Any]]:
+        """The stable variant's extra replicas as recorded (alive or not)."""
+        if not self.replicas_file.exists():
+            return []
+        return json.loads(self.replicas_file.read_text()).get("stable", [])
+
+    def _save_extras(self, extras: list[dict[str, Any]]) -> None:
+        tmp = self.replicas_file.with_suffix(".tmp")
+        tmp.write_text(json.dumps({"stable": extras, "updated": time.time()}, indent=2))
+        os.replace(tmp, self.replicas_file)
+
+    @contextlib.contextmanager
+    def scaling(self):
+        """One scale operation at a time per deployment (the autoscaler and a hand-run
+        ``intentops deploy scale``)."""
+        import fcntl
+
+        with (self.root / "scale.lock").open("a") as fh:
+            fcntl.flock(fh, fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(fh, fcntl.LOCK_UN)
+
+    def stable_pool(self, state: dict[str, Any] | None = None) -> list[str]:
+        """The URLs the router's stable variant should have: the stable server, then the
+        live extras of the same version."""
+        state = self.state() if state is None else state
+        stable = state.get("stable")
+        if not stable:
+            return []
+        return [stable["url"]] + [e["url"] for e in self.extras()
+                                  if e.get("version") == stable.get("version") and self.alive(e)]
+
+    def reload_stable(self, build: Path, version: str) -> dict[str, Any]:
+        """Hot reload: every stable replica loads ``build`` (in the build store) and swaps
+        it in after warm-up, one replica at a time, so the others serve meanwhile and no
+        request fails (each server audits its reload)."""
+        with self.scaling():
+            state = self.state()
+            stable = state.get("stable")
+            if not stable or not self.alive(stable):
+                raise DeployError("no stable server runs: nothing to reload")
+            extras = self.extras()
+            headers = {"Authorization": f"Bearer {self._secret('server_operator_key')}"}
+            done = []
+            for proc in [stable, *[e for e in extras if self.alive(e)]]:
+                r = httpx.post(f"{proc['url']}/admin/reload", json={"build": str(build)}, headers=headers,
+                               timeout=self.d.ready_timeout_seconds)
+                if r.status_code != 200:
+                    raise DeployError(f"reload of {proc['url']} refused ({r.status_code}): {r.text[:300]}")
+                proc |= {"version": str(version), "build": str(build)}
+                done.append(proc["url"])
+            state["stable"] = stable
+            self.save(state)
+            self._save_extras(extras)
+            return {"reloaded": done, "version": str(version)}
+
+    def drain(self, state: dict[str, Any], proc: dict[str, Any], timeout: float = 30.0) -> None:
+        """Stop a replica the router no longer routes to once its requests are done (the
+        router lists it as draining until then)."""
+        deadline = time.time() + timeout
+        while time.time() < deadline and self.alive(state.get("router")):
+            try:
+                pools = httpx.get(f"{state['router']['url']}/admin/pools", headers=self._admin(), timeout=5).json()
+            except (httpx.HTTPError, ValueError):
+                break
+            busy = [r for group in pools.values() if isinstance(group, list) for r in group
+                    if r["url"] == proc["url"] and r["outstanding"] > 0]
+            if not busy:
+                break
+            time.sleep(0.1)
+        self.kill(proc)
+
+    def scale(self, replicas: int, reason: str, actor: str | None = None) -> dict[str, Any]:
+        """Run ``replicas`` stable replicas in all (the stable server and its extras): new
+        ones are started, warmed and then added to the router; removed ones drain first.
+        Dead extras and extras of another version (after a promotion) are replaced. Every
+        change is an audit record (``scale``)."""
+        from core import audit
+
+        if replicas < 1:
+            raise DeployError("at least one stable replica")
+        with self.scaling():
+            state = self.state()
+            stable = state.get("stable")
+            if not stable or not self.alive(stable):
+                raise DeployError("no stable server runs: nothing to scale")
+            if not self.alive(state.get("router")):
+                raise DeployError("the router is not running")
+            before = self.extras()
+            keep = [e for e in before if self.alive(e) and e.get("version") == stable["version"]]
+            stale = [e for e in before if e not in keep]
+            want = replicas - 1
+            if len(keep) == want and not stale:
+                return {"replicas": replicas, "changed": False}
+            audit.check_writable()
+            started = []
+            try:
+                while len(keep) < want:
+                    e = self.start_server(Path(stable["build"]), stable["version"], f"stable-r{len(keep) + 1}",
+                                          stable.get("extra"))
+                    keep.append(e)
+                    started.append(e)
+            finally:
+                self._save_extras(keep + stale)
+            removing, keep = keep[want:], keep[:want]
+            self._save_extras(keep + removing + stale)
+            self.routes(state, stable=[stable["url"]] + [e["url"] for e in keep])
+            for e in removing + stale:
+                self.drain(state, e)
+            self._save_extras(keep)
+            outcome = f"{1 + len(before) - len(stale)} -> {replicas} replicas"
+            audit.record("scale", f"{self.cfg.training.registered_model} stable v{stable['version']}", outcome,
+                         reason, **({"actor_": actor} if actor else {}))
+            log.info("scaled stable v%s: %s (%s)", stable["version"], outcome, reason)
+            return {"replicas": replicas, "changed": True, "started": [e["url"] for e in started],
+                    "stopped": [e["url"] for e in removing + stale],
+                    "cold_start_s": [e.get("cold_start_s") for e in started]}
 
     def port_owner(self, port: int) -> str | None:
         """The other dataset whose running router holds ``port`` (deployments side by side
@@ -202,7 +336,8 @@ class Deployment:
                 "in its config file)")
         stable = state.get("stable") if self.alive(state.get("stable")) else None
         # The router may route only to this deployment's servers (their host).
-        args = ["--allow-upstream", f"http://{self.d.host}:"] + (["--stable", stable["url"]] if stable else [])
+        args = ["--allow-upstream", f"http://{self.d.host}:", "--cache-size", str(self.d.cache_size)] + (
+            ["--stable", stable["url"]] if stable else [])
         # A fixed, documented port for clients (router_port 0: any free port, for tests).
         proc = self._spawn("deploy.router", args, {
             "INTENTOPS_API_KEYS_FILE": str(self.client_keys_file), "INTENTOPS_API_KEYS": None,
@@ -310,14 +445,21 @@ class Deployment:
             if not p:
                 out[role] = None
                 continue
-            health = "down"
+            health, own = "down", None
             if self.alive(p):
                 try:
                     r = httpx.get(f"{p['url']}/health/ready", timeout=2)
                     health = "ready" if r.status_code == 200 else f"not ready ({r.status_code})"
-                except httpx.HTTPError as exc:
+                    own = r.json().get("cold_start_s") if r.status_code == 200 and role != "router" else None
+                except (httpx.HTTPError, ValueError) as exc:
                     health = f"not answering ({type(exc).__name__})"
-            out[role] = {k: p.get(k) for k in ("url", "pid", "version", "build")} | {"health": health}
+            out[role] = {k: p.get(k) for k in ("url", "pid", "version", "build", "cold_start_s")} | {
+                "health": health, **({"process_cold_start_s": own} if own is not None else {})}
+        out["stable_extras"] = [{k: e.get(k) for k in ("url", "pid", "version", "cold_start_s")}
+                                | {"running": self.alive(e)} for e in self.extras()]
+        out["replicas"] = {"stable": len(self.stable_pool(state)), "min": self.d.autoscale.min_replicas,
+                           "max": self.d.autoscale.max_replicas,
+                           "autoscaler": "running" if self.alive(state.get("autoscaler")) else "not running"}
         if self.alive(state.get("router")):
             with contextlib.suppress(httpx.HTTPError):
                 out["routes"] = self.routes(state)
@@ -334,6 +476,15 @@ class Deployment:
     def stop(self) -> list[str]:
         state = self.state()
         stopped = []
+        if self.alive(state.get("autoscaler")):  # first: it would replace what stops below
+            self.kill(state["autoscaler"])
+            stopped.append(f"autoscaler (pid {state['autoscaler']['pid']})")
+        state["autoscaler"] = None
+        for e in self.extras():
+            if self.alive(e):
+                self.kill(e)
+                stopped.append(f"stable replica (pid {e['pid']})")
+        self._save_extras([])
         for role in ("canary", "router", "stable"):
             p = state.get(role)
             if self.alive(p):
@@ -360,8 +511,23 @@ class Deployment:
         state["stable"] = stable
         self.save(state)
         if stable and self.alive(state.get("router")):
-            self.routes(state, stable=stable["url"])
+            self.routes(state, stable=self.stable_pool(state))
         return stable
+
+    def ensure_autoscaler(self, state: dict[str, Any]) -> dict[str, Any] | None:
+        """The autoscaler process, when the config allows more than one replica."""
+        if self.d.autoscale.max_replicas <= 1:
+            return None
+        if self.alive(state.get("autoscaler")):
+            return state["autoscaler"]
+        cfg_file = self.root / "autoscaler-config.json"
+        cfg_file.write_text(self.cfg.model_dump_json(indent=2))
+        proc = self._spawn("deploy.autoscaler", ["--config", str(cfg_file)], {}, "autoscaler")
+        state["autoscaler"] = proc
+        self.save(state)
+        log.info("autoscaler started (replicas %d..%d, metrics at %s/metrics)", self.d.autoscale.min_replicas,
+                 self.d.autoscale.max_replicas, proc["url"])
+        return proc
 
     def _has_model(self, name: str) -> bool:
         from core import tracking

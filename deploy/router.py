@@ -57,6 +57,8 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from pydantic import BaseModel, ConfigDict, Field
 
 from core.secretfiles import write_private
+from deploy.cache import ResponseCache
+from deploy.pool import RETRY_STATUSES, VARIANTS, Pools, Replica
 from deploy.server import BodyLimit, key_actor, key_matches, load_api_keys, presented_key, role_of
 
 log = logging.getLogger("intentops.router")
@@ -65,16 +67,32 @@ ROUTING_KEY = "x-routing-key"
 
 @dataclass
 class Routes:
-    stable: str | None = None
+    stable: str | None = None  # the first stable replica (None: no stable variant)
     canary: str | None = None
     weight: float = 0.0  # share of client requests sent to the canary
     shadow: float = 0.0  # share of stable-served requests mirrored to the canary
+    stable_replicas: list[str] = field(default_factory=list)  # every replica, ``stable`` first
+    canary_replicas: list[str] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        if self.stable and not self.stable_replicas:
+            self.stable_replicas = [self.stable]
+        if self.canary and not self.canary_replicas:
+            self.canary_replicas = [self.canary]
+
+    def replicas(self, variant: str) -> list[str]:
+        return self.stable_replicas if variant == "stable" else self.canary_replicas
+
+
+def _urls(value: str | list[str]) -> list[str]:
+    return [u for u in ([value] if isinstance(value, str) else value) if u]
 
 
 class RoutesUpdate(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    stable: str | None = Field(None, description="stable server URL (unchanged when absent)")
-    canary: str | None = Field(None, description="canary server URL; empty string removes it")
+    stable: str | list[str] | None = Field(
+        None, description="stable replica URL or URLs (unchanged when absent; removed replicas drain)")
+    canary: str | list[str] | None = Field(None, description="canary replica URL(s); empty removes the canary")
     weight: float | None = Field(None, ge=0.0, le=1.0)
     shadow: float | None = Field(None, ge=0.0, le=1.0)
 
@@ -95,6 +113,10 @@ class RouterConfig:
     # traffic, and the upstream key, at another host.
     allowed_upstreams: tuple[str, ...] = ("http://127.0.0.1:", "http://localhost:")
     max_body_bytes: int = 512 * 1024
+    health_interval_s: float = 1.0  # active health check of every replica
+    eject_after: int = 2  # consecutive failed calls that eject a replica
+    eject_seconds: float = 5.0
+    cache_size: int = 0  # answers kept per variant (0: no cache)
 
 
 def upstream_allowed(url: str, allowed: tuple[str, ...]) -> bool:
@@ -183,6 +205,16 @@ class Metrics:
                               ["outcome"], registry=r)
         self.weight = Gauge("intentops_router_weight", "traffic share by variant", ["variant"], registry=r)
         self.inflight = Gauge("intentops_router_inflight", "client requests in flight", registry=r)
+        self.retries = Counter("intentops_router_retries_total",
+                               "predictions retried on another replica of the variant", ["variant"], registry=r)
+        self.replicas = Gauge("intentops_router_replicas", "replicas by variant and state",
+                              ["variant", "state"], registry=r)
+        self.outstanding = Gauge("intentops_router_outstanding", "requests outstanding at the variant's replicas",
+                                 ["variant"], registry=r)
+        self.cache_hits = Counter("intentops_cache_hits_total", "answers from the response cache",
+                                  ["variant"], registry=r)
+        self.cache_misses = Counter("intentops_cache_misses_total", "cacheable requests the cache did not hold",
+                                    ["variant"], registry=r)
 
 
 class Router:
@@ -195,6 +227,10 @@ class Router:
         self.inflight = 0
         self.shadow_inflight = 0
         self.client: aiohttp.ClientSession | None = None
+        self.pools = Pools(cfg.eject_after, cfg.eject_seconds, self.rnd)
+        self.cache = ResponseCache(cfg.cache_size)
+        for variant in VARIANTS:
+            self.pools.set(variant, routes.replicas(variant))
         self._publish_weights()
 
     def _publish_weights(self) -> None:
@@ -203,24 +239,90 @@ class Router:
         self.metrics.weight.labels("stable").set(1 - w if self.routes.stable else 0.0)
 
     def update(self, upd: RoutesUpdate) -> Routes:
-        for url in (upd.stable, upd.canary):
-            if url and not upstream_allowed(url, self.cfg.allowed_upstreams):
-                raise ValueError("upstream not in the router's allow-list (--allow-upstream)")
+        for value in (upd.stable, upd.canary):
+            for url in _urls(value or []):
+                if not upstream_allowed(url, self.cfg.allowed_upstreams):
+                    raise ValueError("upstream not in the router's allow-list (--allow-upstream)")
         r = Routes(**asdict(self.routes))
         if upd.stable is not None:
-            r.stable = upd.stable or None
+            r.stable_replicas = _urls(upd.stable)
         if upd.canary is not None:
-            r.canary = upd.canary or None
+            r.canary_replicas = _urls(upd.canary)
+        r.stable = r.stable_replicas[0] if r.stable_replicas else None
+        r.canary = r.canary_replicas[0] if r.canary_replicas else None
         if upd.weight is not None:
             r.weight = upd.weight
         if upd.shadow is not None:
             r.shadow = upd.shadow
         if not r.canary:
             r.weight, r.shadow = 0.0, 0.0
-        self.routes = r  # one reference swap: a request sees the old or the new routes
+        # Pools first (a promotion moves a replica from canary to stable without draining it),
+        # then one reference swap: a request sees the old or the new routes.
+        self.pools.set("stable", r.stable_replicas)
+        drained = self.pools.set("canary", r.canary_replicas)
+        self.routes = r
         self._publish_weights()
-        log.info("routes now %s", asdict(r))
+        log.info("routes now %s%s", asdict(r), f"; draining {drained}" if drained else "")
         return r
+
+    def publish_pools(self) -> None:
+        now = time.time()
+        for variant in VARIANTS:
+            members = self.pools.members[variant]
+            usable = sum(m.usable(now) for m in members)
+            self.metrics.replicas.labels(variant, "usable").set(usable)
+            self.metrics.replicas.labels(variant, "unusable").set(len(members) - usable)
+            self.metrics.outstanding.labels(variant).set(sum(m.outstanding for m in members))
+        self.metrics.replicas.labels("any", "draining").set(len(self.pools.draining))
+
+    async def check(self, replica: Replica) -> None:
+        """One active health check: ready or not, and the replica's model version."""
+        assert self.client is not None
+        body: dict[str, Any] = {}
+        try:
+            async with self.client.get(f"{replica.url}/health/ready",
+                                       timeout=aiohttp.ClientTimeout(total=2)) as resp:
+                ready = resp.status == 200
+                if ready:
+                    body = await resp.json()
+        except (aiohttp.ClientError, TimeoutError, ValueError):
+            ready = False
+        was = replica.healthy
+        self.pools.checked(replica, ready, body.get("model_version"))
+        if was != ready:
+            log.warning("replica %s %s", replica.url, "re-admitted" if ready else "ejected: not ready")
+        for variant in VARIANTS:
+            if replica in self.pools.members[variant] and ready:
+                self.cache.configure(variant, body.get("model_version"), body.get("text_preprocessing"))
+
+    async def health_loop(self) -> None:
+        while True:
+            replicas = self.pools.all()
+            if replicas:
+                await asyncio.gather(*(self.check(r) for r in replicas), return_exceptions=True)
+            self.publish_pools()
+            await asyncio.sleep(self.cfg.health_interval_s)
+
+    async def forward(self, variant: str, body: bytes, role: str) -> tuple[int, bytes]:
+        """A prediction on the variant's least-loaded usable replica, retried on another
+        one when a replica does not answer or answers 502/503/504. Status 0: no replica
+        answered (or none is usable)."""
+        tried: set[str] = set()
+        status, content = 0, b""
+        while True:
+            replica = self.pools.pick(variant, tried)
+            if replica is None:
+                return status, content
+            if tried:
+                self.metrics.retries.labels(variant).inc()
+            tried.add(replica.url)
+            self.pools.started(replica)
+            try:
+                status, content = await self.call(variant, replica.url, body, role)
+            finally:
+                self.pools.finished(replica, status)
+            if status not in RETRY_STATUSES:
+                return status, content
 
     async def call(self, variant: str, url: str, body: bytes, role: str) -> tuple[int, bytes]:
         assert self.client is not None
@@ -244,7 +346,7 @@ class Router:
         try:
             if not routes.canary:
                 return
-            status, content = await self.call("canary", routes.canary, body, "shadow")
+            status, content = await self.forward("canary", body, "shadow")
             if status != 200:
                 self.metrics.shadow.labels("error").inc()
                 return
@@ -265,7 +367,11 @@ def create_app(router: Router) -> FastAPI:
         router.client = aiohttp.ClientSession(
             connector=aiohttp.TCPConnector(limit=256, keepalive_timeout=60),
             timeout=aiohttp.ClientTimeout(total=router.cfg.timeout_s))
+        checker = asyncio.get_running_loop().create_task(router.health_loop())
         yield
+        checker.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await checker
         await router.client.close()
 
     app = FastAPI(title="intentops router", version="1", lifespan=lifespan)
@@ -303,10 +409,28 @@ def create_app(router: Router) -> FastAPI:
             raise HTTPException(403, f"a {found} key may not manage keys (the admin role may)")
         raise HTTPException(401, "missing or unknown admin key", headers={"WWW-Authenticate": "Bearer"})
 
-    def answer(status: int, content: bytes, variant: str) -> Response:
+    def answer(status: int, content: bytes, variant: str, cached: bool = False) -> Response:
         router.metrics.client.labels(str(status)).inc()
-        return Response(content, status_code=status, media_type="application/json",
-                        headers={"X-Variant": variant})
+        headers = {"X-Variant": variant}
+        if router.cache.enabled:
+            headers["X-Cache"] = "hit" if cached else "miss"
+        return Response(content, status_code=status, media_type="application/json", headers=headers)
+
+    def cacheable(variant: str, body: bytes) -> str | None:
+        """The cache key of a single-text request (None: not cached)."""
+        if not router.cache.enabled or router.cache.preprocess[variant] is None:
+            return None
+        try:
+            doc = json.loads(body)
+        except ValueError:
+            return None
+        text = doc.get("text") if isinstance(doc, dict) and len(doc) == 1 else None
+        if not isinstance(text, str) or not text.strip():
+            return None
+        try:
+            return router.cache.key(variant, text)
+        except UnicodeError:
+            return None  # the server answers it 422
 
     @app.post("/v1/predict", dependencies=[Depends(auth)],
               summary="Predict intents (same body and answer as the model server's /v1/predict)")
@@ -322,14 +446,25 @@ def create_app(router: Router) -> FastAPI:
         try:
             body = await request.body()
             variant = choose(routes, request.headers.get(ROUTING_KEY), router.rnd)
-            url = routes.canary if variant == "canary" else routes.stable
-            status, content = await router.call(variant, url, body, "primary")
+            cache_key = cacheable(variant, body)
+            if cache_key is not None:
+                hit = router.cache.get(variant, cache_key)
+                if hit is not None:
+                    router.metrics.cache_hits.labels(variant).inc()
+                    return answer(200, hit, variant, cached=True)
+                router.metrics.cache_misses.labels(variant).inc()
+            status, content = await router.forward(variant, body, "primary")
             if variant == "canary" and (status == 0 or status >= 500) and routes.stable:
                 router.metrics.fallbacks.inc()
-                variant = "stable"
-                status, content = await router.call("stable", routes.stable, body, "fallback")
+                variant, cache_key = "stable", None
+                status, content = await router.forward("stable", body, "fallback")
             if status == 0:
+                if not router.pools.usable_count(variant):
+                    router.metrics.client.labels("503").inc()
+                    raise HTTPException(503, f"no {variant} replica is available", headers={"Retry-After": "1"})
                 return answer(502, b'{"detail": "model server unreachable"}', variant)
+            if status == 200 and cache_key is not None:
+                router.cache.put(variant, cache_key, content)
             if (variant == "stable" and status == 200 and routes.canary and routes.shadow > 0
                     and router.shadow_inflight < router.cfg.max_shadow_inflight
                     and router.rnd.random() < routes.shadow):
@@ -378,6 +513,11 @@ def create_app(router: Router) -> FastAPI:
             raise HTTPException(422, str(exc)) from None
         audit.record("router.routes", change, "done", "", actor_=who, role="operator")
         return routes
+
+    @app.get("/admin/pools", dependencies=[Depends(admin)])
+    async def pools() -> dict[str, Any]:
+        """Replicas by variant (outstanding, health, ejection, version) and draining ones."""
+        return router.pools.view() | {"cache": router.cache.view(), "inflight": router.inflight}
 
     @app.get("/admin/stats", dependencies=[Depends(admin)])
     async def stats(since: float = 0.0) -> dict[str, Any]:
@@ -444,8 +584,8 @@ def main(argv: list[str] | None = None) -> int:
     import uvicorn
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--stable", help="stable model server URL")
-    ap.add_argument("--canary", help="canary model server URL")
+    ap.add_argument("--stable", action="append", default=[], help="a stable replica URL (repeat for more)")
+    ap.add_argument("--canary", action="append", default=[], help="a canary replica URL (repeat for more)")
     ap.add_argument("--weight", type=float, default=0.0, help="share of traffic to the canary")
     ap.add_argument("--shadow", type=float, default=0.0, help="share of stable traffic mirrored to the canary")
     ap.add_argument("--host", default="127.0.0.1")
@@ -456,6 +596,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--allow-upstream", action="append", default=[], metavar="PREFIX",
                     help="an upstream URL prefix the routes may name (scheme://host: or scheme://host:port); "
                          "default: the loopback interface only")
+    ap.add_argument("--cache-size", type=int, default=0,
+                    help="answers kept per variant in the response cache (0: no cache)")
+    ap.add_argument("--health-interval", type=float, default=1.0, help="seconds between replica health checks")
     ap.add_argument("--max-body-bytes", type=int, default=512 * 1024,
                     help="larger request bodies are refused with 413 before they are read")
     args = ap.parse_args(argv)
@@ -469,12 +612,14 @@ def main(argv: list[str] | None = None) -> int:
                        keys_file=Path(keys_file) if keys_file and not os.environ.get("INTENTOPS_API_KEYS") else None,
                        upstream_key=os.environ.get("INTENTOPS_UPSTREAM_KEY", ""),
                        timeout_s=args.timeout, max_inflight=args.max_inflight,
-                       max_body_bytes=args.max_body_bytes,
+                       max_body_bytes=args.max_body_bytes, cache_size=args.cache_size,
+                       health_interval_s=args.health_interval,
                        **({"allowed_upstreams": tuple(args.allow_upstream)} if args.allow_upstream else {}))
-    for url in (args.stable, args.canary):
-        if url and not upstream_allowed(url, cfg.allowed_upstreams):
+    for url in [*args.stable, *args.canary]:
+        if not upstream_allowed(url, cfg.allowed_upstreams):
             ap.error(f"upstream {url} is not in the allow-list {list(cfg.allowed_upstreams)}")
-    router = Router(cfg, Routes(args.stable, args.canary, args.weight, args.shadow))
+    router = Router(cfg, Routes(args.stable[0] if args.stable else None, args.canary[0] if args.canary else None,
+                                args.weight, args.shadow, list(args.stable), list(args.canary)))
     # uvloop and httptools explicitly (uvicorn's "auto" silently falls back to asyncio and h11).
     uvicorn.run(create_app(router), host=args.host, port=args.port, log_level="info", access_log=False,
                 loop="uvloop", http="httptools")

@@ -418,12 +418,25 @@ class Batcher:
                 i += k
 
 
+def process_start_time() -> float:
+    """When this process started (Unix time), from /proc: the cold start counts the
+    interpreter's own start-up and imports, not only the model load."""
+    try:
+        ticks = int(Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()[19])  # since boot
+        age = time.clock_gettime(time.CLOCK_BOOTTIME) - ticks / os.sysconf("SC_CLK_TCK")
+        return time.time() - age
+    except (OSError, ValueError, IndexError, AttributeError):
+        return time.time()
+
+
 class ModelServer:
     def __init__(self, cfg: ServerConfig) -> None:
         self.cfg = cfg
         self.metrics = Metrics()
         self.model: LoadedModel | None = None
         self.ready = False
+        self.started_at = process_start_time()
+        self.cold_start_s: float | None = None  # process start to first ready
         self.batcher = Batcher(self)
         self._reload_lock = asyncio.Lock()
 
@@ -448,6 +461,9 @@ class ModelServer:
         if old is not None:
             self.metrics.version.remove(old.version)
         self.metrics.version.labels(model.version).set(1)
+        if self.cold_start_s is None:
+            self.cold_start_s = round(time.time() - self.started_at, 3)
+            log.info("ready %.2f s after the process started", self.cold_start_s)
         self.ready = True
 
 
@@ -545,7 +561,10 @@ def create_app(server: ModelServer, initial: tuple[Path, str, str] | None = None
         return JSONResponse({"status": "ready", "model_version": m.version,
                              "masking": m.preprocess is not None,
                              "preprocessing_drift": bool(m.preprocess and m.preprocess.drift),
-                             "reject_threshold": m.rule.threshold, "oos_label": m.rule.oos_label})
+                             "reject_threshold": m.rule.threshold, "oos_label": m.rule.oos_label,
+                             # what the router's response cache masks with (its key)
+                             "text_preprocessing": m.preprocess.recorded if m.preprocess else None,
+                             "cold_start_s": server.cold_start_s})
 
     @app.get("/metrics")
     async def metrics() -> PlainTextResponse:

@@ -27,7 +27,10 @@ def ensure_serving(cfg: PipelineConfig) -> dict[str, Any] | None:
     dep = deployment.Deployment(cfg)
     state = dep.state()
     dep.ensure_router(state)
-    return dep.ensure_stable(state, cfg.training.registered_model)
+    stable = dep.ensure_stable(state, cfg.training.registered_model)
+    if stable:
+        dep.ensure_autoscaler(state)
+    return stable
 
 
 def router_url(cfg: PipelineConfig) -> str:

@@ -63,6 +63,9 @@ def build_parser() -> argparse.ArgumentParser:
                           ("rollback", "serve the 'previous' version now and swap champion/previous"),
                           ("stop", "stop every process the deployment started")):
         _with_config(dsub.add_parser(action, help=help_))
+    sp = _with_config(dsub.add_parser("scale", help="run N stable replicas now (the autoscaler, when on, "
+                                      "moves it again within its bounds)"))
+    sp.add_argument("replicas", type=int)
     kp = _with_config(dsub.add_parser("keys", help="the router's client keys, as the admin role: "
                                       "list, create (shown once), revoke FINGERPRINT"))
     kp.add_argument("keys_action", choices=("list", "create", "revoke"))
@@ -229,6 +232,8 @@ def _deploy(args: argparse.Namespace) -> int:
                               "client_keys_file": str(dep.client_keys_file)}, indent=2))
         elif args.action == "rollback":
             print(json.dumps(dep.rollback(), indent=2))
+        elif args.action == "scale":
+            print(json.dumps(dep.scale(args.replicas, "by hand (intentops deploy scale)"), indent=2))
         elif args.action == "keys":
             print(json.dumps(dep.keys(args.keys_action, args.fingerprint), indent=2))
         elif args.action == "stop":

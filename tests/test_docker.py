@@ -678,6 +678,12 @@ def test_the_router_points_at_the_model_server_services():
     assert upstream_allowed(option(cmd, "--stable"), allowed)
     assert upstream_allowed("http://model-server-canary:8100", allowed)
     assert not upstream_allowed("http://mlflow:5000", allowed)
+    # Two stable replicas (compose's fixed count), both allowed, the same command.
+    stables = [cmd[i + 1] for i, a in enumerate(cmd) if a == "--stable"]
+    assert [urlsplit(u).hostname for u in stables] == ["model-server", "model-server-2"]
+    assert all(upstream_allowed(u, allowed) for u in stables)
+    assert compose["model-server-2"]["command"] == server["command"]
+    assert int(option(cmd, "--cache-size")) > 0
     assert environment(server)["INTENTOPS_OPERATOR_KEYS"] != environment(server)["INTENTOPS_API_KEYS"] or \
         env_example()["INTENTOPS_SERVER_OPERATOR_KEY"] == env_example()["INTENTOPS_INTERNAL_API_KEY"]
     assert environment(router)["INTENTOPS_UPSTREAM_KEY"] == environment(server)["INTENTOPS_API_KEYS"]

@@ -162,9 +162,12 @@ def test_answers_out_of_scope_below_the_threshold_and_masks_requests(builds, tra
     build = _build_with_threshold(builds["fp32"], tmp_path / "b", t)
     proc, url = start(build, dict(project_env, INTENTOPS_API_KEYS=KEY))
     try:
-        assert httpx.get(f"{url}/health/ready").json() | {"model_version": None} == {
+        ready = httpx.get(f"{url}/health/ready").json()
+        assert ready | {"model_version": None, "cold_start_s": None, "text_preprocessing": None} == {
             "status": "ready", "model_version": None, "masking": True, "preprocessing_drift": False,
-            "reject_threshold": t, "oos_label": None}
+            "reject_threshold": t, "oos_label": None, "cold_start_s": None, "text_preprocessing": None}
+        # What the router's cache masks with, and the time from process start to ready.
+        assert ready["text_preprocessing"]["pii_mode"] == "placeholder" and ready["cold_start_s"] > 0
         got = httpx.post(f"{url}/v1/predict", json={"texts": texts}, headers=H).json()["predictions"]
         for a, s in zip(got, scores, strict=True):
             assert a["score"] == pytest.approx(float(s), abs=1e-4)
