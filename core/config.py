@@ -416,6 +416,79 @@ class OosConfig(_Section):
         "challenger may lose against the champion (when the label set has the label)")
 
 
+class InstanceType(_Section):
+    """One machine type of the price table: its size and its hourly prices."""
+
+    cores: float = Field(gt=0, description="vCPUs")
+    memory_gib: float = Field(gt=0)
+    gpus: int = Field(0, ge=0)
+    on_demand_per_hour: float = Field(ge=0)
+    spot_per_hour: float | None = Field(None, ge=0, description="Empty: no spot offer")
+
+
+def _example_instances() -> dict[str, InstanceType]:
+    # EXAMPLE prices, to replace with your own: roughly the AWS us-east-1 Linux on-demand
+    # list prices (USD per hour) of a few general-purpose and GPU types; spot prices move
+    # by the hour and are only indicative.
+    return {
+        "m7i.large": InstanceType(cores=2, memory_gib=8, on_demand_per_hour=0.1008, spot_per_hour=0.04),
+        "m7i.xlarge": InstanceType(cores=4, memory_gib=16, on_demand_per_hour=0.2016, spot_per_hour=0.08),
+        "c7i.large": InstanceType(cores=2, memory_gib=4, on_demand_per_hour=0.0893, spot_per_hour=0.035),
+        "g5.xlarge": InstanceType(cores=4, memory_gib=16, gpus=1, on_demand_per_hour=1.006,
+                                  spot_per_hour=0.40),
+    }
+
+
+class CostConfig(_Section):
+    """The price table that turns the resources each stage recorded (its manifest's
+    ``resources``) into money (``core/cost.py``): per stage, per run and per 1,000
+    predictions of each ONNX build. Not part of any stage's key: changing a price never
+    reruns a stage. The defaults are EXAMPLE prices (see ``_example_instances``), to be
+    replaced with your provider's."""
+
+    currency: str = "USD"
+    instance_types: dict[str, InstanceType] = Field(default_factory=_example_instances, min_length=1)
+    # What the stages run on (one instance type for all, or per stage, e.g. {"train": "g5.xlarge"}).
+    pipeline_instance: str = "m7i.large"
+    stage_instances: dict[str, str] = Field(default_factory=dict)
+    spot: bool = Field(False, description="The pipeline's instances are spot instances")
+    # What serves the model: prices the per-1,000-predictions figures.
+    serving_instance: str = "m7i.large"
+    serving_spot: bool = False
+    # share: a stage pays for the share of the instance it used (the largest of its CPU
+    # core-seconds / cores, GPU-seconds / GPUs and peak memory / memory x wall time), as on
+    # shared capacity; wall: it holds the whole instance for its wall time.
+    basis: Literal["share", "wall"] = "share"
+    # Object storage for the lake's outputs (S3 Standard lists 0.023 per GB-month), kept
+    # for this many months, and data moved: bytes a stage read, at e.g. 0.01 per GB between
+    # zones (internet egress is about 0.09). GB here is 2^30 bytes, as the providers bill.
+    storage_per_gb_month: float = Field(0.023, ge=0)
+    storage_months: float = Field(1.0, ge=0)
+    transfer_per_gb: float = Field(0.01, ge=0)
+
+    @model_validator(mode="after")
+    def _known_instances(self) -> CostConfig:
+        from core.stages import NAMES  # the stage registry (imports no config at run time)
+
+        named = {"cost.pipeline_instance": self.pipeline_instance,
+                 "cost.serving_instance": self.serving_instance,
+                 **{f"cost.stage_instances.{k}": v for k, v in self.stage_instances.items()}}
+        for where, name in named.items():
+            if name not in self.instance_types:
+                raise ValueError(f"{where}: {name!r} is not in cost.instance_types "
+                                 f"({', '.join(sorted(self.instance_types))})")
+        unknown = sorted(set(self.stage_instances) - set(NAMES))
+        if unknown:
+            raise ValueError(f"cost.stage_instances: no stage {', '.join(unknown)}; the stages are "
+                             f"{', '.join(NAMES)}")
+        for spot, names in ((self.spot, [self.pipeline_instance, *self.stage_instances.values()]),
+                            (self.serving_spot, [self.serving_instance])):
+            missing = sorted({n for n in names if self.instance_types[n].spot_per_hour is None})
+            if spot and missing:
+                raise ValueError(f"spot is on but {', '.join(missing)} has no spot_per_hour")
+        return self
+
+
 class PipelineConfig(_Section):
     # The dataset this config describes. The lake prefix (<lake_root>/<dataset>/), the
     # registered model name, the MLflow experiments and the deployment folder follow from
@@ -436,6 +509,7 @@ class PipelineConfig(_Section):
     export: ExportConfig = Field(default_factory=ExportConfig)
     deploy: DeployConfig = Field(default_factory=DeployConfig)
     spark: SparkConfig = Field(default_factory=SparkConfig)
+    cost: CostConfig = Field(default_factory=CostConfig)
 
     @model_validator(mode="before")
     @classmethod

@@ -15,7 +15,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from core import params, stages
-from core.config import PipelineConfig, config_from_json, load_config
+from core.config import CostConfig, PipelineConfig, config_from_json, load_config
 from core.stage import StageError, StageResult, atomic_write_text, run_dir, run_pointer
 
 log = logging.getLogger(__name__)
@@ -144,12 +144,13 @@ def stage_row(result: StageResult) -> dict[str, Any]:
         "registration_reason": stats.get("reason"),
         "exported": stats.get("exported"),
         "export": {k: stats.get(k) for k in ("int8_status", "int8_reason", "sizes_mb", "accuracy",
-                                             "p50_ms_b1", "throughput_b32", "ratios")},
+                                             "p50_ms_b1", "throughput_b32", "ratios", "threads")},
         "deploy": {k: stats.get(k) for k in ("decision", "reason", "version", "stable_version",
                                              "client_requests", "client_failures", "fallbacks",
                                              "accuracy", "p99_ms", "seconds")} if "decision" in stats else None,
         "cache_hit": result.cache_hit,
         "output": result.path,
+        "resources": result.manifest.get("resources"),
     }
 
 
@@ -176,7 +177,8 @@ def stopped_by(rows: list[dict[str, Any]]) -> str | None:
     return None
 
 
-def render(rows: list[dict[str, Any]], run_id: str) -> str:
+def render(rows: list[dict[str, Any]], run_id: str, cost: CostConfig | None = None) -> str:
+    """The summary text; with ``cost`` (the price table) it ends with the ``cost`` line."""
     head = f"{'stage':<11} {'rows in':>9} {'kept':>9} {'quarant.':>9} {'merged':>9} {'time s':>8}  cache"
     lines = [f"intentops run {run_id}"]
     stop = stopped_by(rows)
@@ -231,6 +233,10 @@ def render(rows: list[dict[str, Any]], run_id: str) -> str:
         elif r.get("gate_success") is not None:
             verdict = "passed" if r["gate_success"] else f"FAILED ({r['failed_expectations']} expectations)"
             lines.append(f"{r['stage']}: gate {verdict}; Data Docs {r['output']}/data_docs/index.html")
+    if cost is not None and rows:
+        from core import cost as pricing
+
+        lines.append(pricing.summary_line(pricing.run_cost(rows, cost)))
     return "\n".join(lines)
 
 
@@ -275,11 +281,14 @@ def write_summary(config_path: str | Path, run_id: str) -> str:
     rows = collect(cfg.lake, run_id)
     if not rows:
         raise StageError(f"run {run_id!r} has no stage outputs under {cfg.lake}")
-    text = render(rows, run_id)
+    text = render(rows, run_id, cfg.cost)
     log.info("\n%s", text)
     folder = run_dir(cfg.lake, run_id)
+    from core import cost as pricing
+
     atomic_write_text(
-        folder / "summary.json", json.dumps({"run_id": run_id, "stages": rows}, indent=2)
+        folder / "summary.json",
+        json.dumps({"run_id": run_id, "stages": rows, "cost": pricing.run_cost(rows, cfg.cost)}, indent=2),
     )
     atomic_write_text(folder / "summary.txt", text + "\n")
     atomic_write_text(cfg.lake / "runs" / "LATEST", folder.name + "\n")

@@ -278,7 +278,9 @@ def _summary(args: argparse.Namespace) -> int:
 
     cfg = load_config(args.config)
     if args.run_id:
-        print(runs.render(runs.collect(cfg.lake, args.run_id), args.run_id))
+        saved = runs.run_dir(cfg.lake, args.run_id) / "config.json"  # the run's own price table
+        priced = runs.load_run_config(saved) if saved.is_file() else cfg
+        print(runs.render(runs.collect(cfg.lake, args.run_id), args.run_id, priced.cost))
     else:
         print(runs.latest_summary(cfg.lake), end="")
     return 0

@@ -34,6 +34,7 @@ import io
 import json
 import logging
 import tempfile
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -100,6 +101,7 @@ class Report:
     stages: dict[str, StageView]
     config: dict[str, Any] = field(default_factory=dict)
     dataset: str = ""
+    cost: dict[str, Any] = field(default_factory=dict)  # core.cost.run_cost
 
     @property
     def verdict(self) -> str:
@@ -142,7 +144,10 @@ def gather(cfg: PipelineConfig, run_id: str, task_states: dict[str, str] | None 
     """Everything the page shows, from the run's pointers (``runs.collect``) and the stage
     outputs they name. ``task_states`` (task id -> Airflow state) says why a stage that
     published nothing did not run."""
-    rows = {r["stage"]: r for r in collect(cfg.lake, run_id)}
+    from core import cost as pricing
+
+    listed = collect(cfg.lake, run_id)
+    rows = {r["stage"]: r for r in listed}
     views: dict[str, StageView] = {}
     for name in STAGES:
         status, note = _status(name, rows.get(name), (task_states or {}).get(name))
@@ -173,7 +178,7 @@ def gather(cfg: PipelineConfig, run_id: str, task_states: dict[str, str] | None 
         "training.metric / margin": f"{c['training']['metric']} / {c['training']['margin']}",
         "deploy.steps / bake_seconds": f"{c['deploy']['steps']} / {c['deploy']['bake_seconds']}",
     }
-    return Report(run_id, views, config, cfg.dataset)
+    return Report(run_id, views, config, cfg.dataset, pricing.run_cost(listed, cfg.cost))
 
 
 def _history(view: StageView) -> list[dict[str, Any]]:
@@ -425,6 +430,50 @@ def _overview(rep: Report, figs: dict[str, str]) -> str:
             + _figure(figs, "chart-rows", "Rows in and kept per data stage"))
 
 
+def _mb(v: Any) -> float | None:
+    return None if v is None else v / 1e6
+
+
+def _cost(rep: Report) -> str:
+    """The cost table: each stage's recorded resources and what they cost at the price
+    table's prices, the run's total and the per-1,000-predictions figures."""
+    rc = rep.cost
+    if not rc or not rc.get("stages"):
+        return "<p>No stage published an output: nothing to price.</p>"
+    from core.cost import money
+
+    cur = rc["currency"]
+    rows = []
+    for name, c in rc["stages"].items():
+        if not c.get("measured"):
+            rows.append([name, "not measured (published before resources were recorded)"] + [None] * 11)
+            continue
+        r = c["resources"]
+        rows.append([name, "reused" if c["cache_hit"] else "ran",
+                     f"{c['instance']} {'spot' if c['spot'] else 'on-demand'}",
+                     r.get("cpu_seconds"), r.get("gpu_seconds"), _mb(r.get("peak_rss_bytes")),
+                     _mb(r.get("bytes_stored")), _mb(r.get("bytes_read")), c["instance_hours"],
+                     money(c["compute"]), money(c["storage"]), money(c["transfer"]), money(c["total"])])
+    head = ["stage", "in this run", "instance", "CPU core-s", "GPU-s", "peak memory MB", "stored MB",
+            "read MB", "instance-hours", f"compute {cur}", f"storage {cur}", f"transfer {cur}", f"total {cur}"]
+    out = [_table(rows, head, set(range(3, 13)))]
+    gpus = any((c.get("resources") or {}).get("gpus") for c in rc["stages"].values())
+    pairs: list[tuple[str, Any]] = [
+        (f"this run ({cur}; the stages that ran)", money(rc["total"])),
+        (f"reused outputs, when they were made ({cur})", money(rc["reused"])),
+        ("basis", "share of the instance used" if rc["basis"] == "share" else "whole instance for the wall time"),
+        ("GPU", "used" if gpus else "no GPU on the machine that ran the stages")]
+    sv = rc["serving"]
+    for build, v in rc["per_1k_predictions"].items():
+        pairs.append((f"per 1,000 predictions, {build} build ({cur})", money(v)))
+    if rc["per_1k_predictions"]:
+        pairs.append(("serving instance", f"{sv['instance']} {'spot' if sv['spot'] else 'on-demand'} "
+                      f"{sv['per_hour']:g} {cur}/h; measured with {sv['threads']} thread(s) at batch 32"))
+    out.append(_kv(pairs))
+    out.append("<p>Prices from the run's <code>cost</code> settings; the defaults are example prices.</p>")
+    return "".join(out)
+
+
 def _section_body(rep: Report, v: StageView, figs: dict[str, str], link: _Links) -> str:
     if v.row is None:
         return f'<p class="notrun">Not run: {_e(v.note)}.</p>'
@@ -638,8 +687,9 @@ def render(rep: Report, mode: str = "airflow", figs: dict[str, str] | None = Non
 Numbers and masked samples only: the page is built from the stages' outputs downstream of
 desensitization and their counts.</p>
 <nav id="contents"><h2>Contents</h2><ol>
-<li><a href="#overview">Overview</a></li>{toc}<li><a href="#config">Configuration</a></li></ol></nav>
+<li><a href="#overview">Overview</a></li><li><a href="#cost">Cost</a></li>{toc}<li><a href="#config">Configuration</a></li></ol></nav>
 <section id="overview"><h2>Overview</h2>{_overview(rep, figs)}</section>
+<section id="cost"><h2>Cost</h2>{_cost(rep)}</section>
 {sections}
 <section id="config"><h2>Configuration</h2>{config}</section>
 </body></html>
@@ -686,9 +736,39 @@ def log_to_mlflow(config_path_or_cfg: str | Path | PipelineConfig, run_id: str,
     return _log(cfg, rep, charts(rep))
 
 
+COST_FILE = "cost.json"
+
+
+def log_cost(cfg: PipelineConfig, rep: Report) -> str | None:
+    """Log the run's cost to MLflow: ``cost_*`` metrics (``core.cost.mlflow_metrics``) and
+    ``cost/<run_id>/cost.json``, on the training run when the run trained, else on its
+    label-QA (data-quality) run. Returns the run id, or None when the run has neither."""
+    from mlflow.entities import Metric
+
+    from core import cost as pricing
+    from core import tracking
+
+    target = next((v.row.get("mlflow_run_id") for n in ("train", "labelqa")
+                   if (v := rep.stages.get(n)) and v.row and v.row.get("mlflow_run_id")), None)
+    if not target or not rep.cost.get("stages"):
+        log.info("cost of run %s not logged to MLflow: it has no training or label-QA run", rep.run_id)
+        return None
+    client = tracking.mlflow_client(cfg)
+    now = int(time.time() * 1000)
+    client.log_batch(target, metrics=[Metric(k, float(v), now, 0)
+                                      for k, v in pricing.mlflow_metrics(rep.cost).items()])
+    with tempfile.TemporaryDirectory() as tmp:
+        f = Path(tmp) / COST_FILE
+        f.write_text(json.dumps({"run_id": rep.run_id, **rep.cost}, indent=2))
+        client.log_artifact(target, str(f), artifact_path=f"cost/{stage.safe_run_id(rep.run_id)}")
+    log.info("cost of run %s logged to MLflow run %s", rep.run_id, target)
+    return target
+
+
 def _log(cfg: PipelineConfig, rep: Report, figs: dict[str, str]) -> str | None:
     from core import tracking
 
+    log_cost(cfg, rep)
     reg = rep.stages["register"].row
     if not reg or not reg.get("registered") or not reg.get("model_version"):
         why = ("it did not reach registration" if not reg
