@@ -452,10 +452,10 @@ def _cost(rep: Report) -> str:
         rows.append([name, "reused" if c["cache_hit"] else "ran",
                      f"{c['instance']} {'spot' if c['spot'] else 'on-demand'}",
                      r.get("cpu_seconds"), r.get("gpu_seconds"), _mb(r.get("peak_rss_bytes")),
-                     _mb(r.get("bytes_stored")), _mb(r.get("bytes_read")), c["instance_hours"],
+                     _mb(r.get("bytes_stored")), _mb(r.get("bytes_read")), c["instance_hours"] * 3600,
                      money(c["compute"]), money(c["storage"]), money(c["transfer"]), money(c["total"])])
     head = ["stage", "in this run", "instance", "CPU core-s", "GPU-s", "peak memory MB", "stored MB",
-            "read MB", "instance-hours", f"compute {cur}", f"storage {cur}", f"transfer {cur}", f"total {cur}"]
+            "read MB", "instance-seconds", f"compute {cur}", f"storage {cur}", f"transfer {cur}", f"total {cur}"]
     out = [_table(rows, head, set(range(3, 13)))]
     gpus = any((c.get("resources") or {}).get("gpus") for c in rc["stages"].values())
     pairs: list[tuple[str, Any]] = [
