@@ -139,6 +139,14 @@ def test_run_stage_records_cpu_memory_and_bytes(lake):
     assert nxt.manifest["resources"]["bytes_stored"] == 0
 
 
+def test_bytes_read_of_date_partitions_and_unknown_inputs(lake):
+    raw = {"format": "csv", "partitions": {"date=2026-12-01": {"sha256": "a", "bytes": 300, "files": 1},
+                                           "date=2026-12-02": {"sha256": "b", "bytes": 45, "files": 1}}}
+    assert stage.inputs_bytes(lake, {"raw": raw}) == 345
+    # A model read from the registry, a count, an upstream key not in the lake: not known.
+    assert stage.inputs_bytes(lake, {"register": {"key": "nope"}, "accounting": {"rows_in": 3}}) is None
+
+
 def test_failed_work_stops_the_meter(lake):
     import threading
 
