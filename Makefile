@@ -18,7 +18,7 @@ export AIRFLOW_CONN_SPARK_DEFAULT ?= {"conn_type": "spark", "host": "local[*]"}
 export PYSPARK_PYTHON := $(BIN)/python
 export SPARK_LOCAL_IP ?= 127.0.0.1
 
-.PHONY: demo test venv lint bench mlflow clean-var up down browser test-deps pii-corpus pii-tables pii-models
+.PHONY: demo test venv lint bench mlflow clean-var up down browser test-deps monitoring-deps pii-corpus pii-tables pii-models
 
 # Run the whole pipeline on the bundled demo data, through Airflow.
 demo: $(VENV)/.installed
@@ -33,13 +33,21 @@ demo: $(VENV)/.installed
 
 # What the tests need from Debian's packages, installed only when missing (apt-get needs
 # root): Chromium and its driver for the run report's browser test, the Postgres server for
-# the check of docker/'s database init script.
+# the check of docker/'s database init script, Prometheus, Alertmanager and the Pushgateway
+# (the monitoring stack of `make up` and its tests).
 browser: test-deps
-test-deps:
+test-deps: monitoring-deps
 	@test -x /usr/bin/chromium -a -x /usr/bin/chromedriver || ( apt-get update -q && \
 	  DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends chromium chromium-driver )
 	@ls /usr/lib/postgresql/*/bin/initdb > /dev/null 2>&1 || command -v initdb > /dev/null || ( \
 	  apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends postgresql )
+
+# Prometheus, Alertmanager and the Pushgateway from Debian (make up's monitoring stack).
+monitoring-deps:
+	@command -v promtool > /dev/null && command -v prometheus-alertmanager > /dev/null \
+	  && command -v prometheus-pushgateway > /dev/null || ( apt-get update -q && \
+	  DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends prometheus \
+	  prometheus-alertmanager prometheus-pushgateway )
 
 # The test suite: unit, Spark, DAG integrity and end-to-end through `airflow dags test`.
 test: $(VENV)/.installed test-deps
@@ -52,7 +60,7 @@ lint: $(VENV)/.installed
 # router and the champion's model server; URLs and the credentials file are printed.
 # Logs in var/services/logs/. A second `up` is harmless; `down` stops only what `up`
 # (and the pipeline's deploy task) started.
-up: $(VENV)/.installed
+up: $(VENV)/.installed monitoring-deps
 	@test -d var/demo/raw/daily || $(BIN)/intentops build-raw --out var/demo/raw --rows $(ROWS) \
 	  --seed $(SEED) --format csv --daily --source train > /dev/null
 	$(BIN)/intentops up

@@ -35,6 +35,7 @@ ACTIONS = {
     "keys.create": "a client key made by the admin role (its fingerprint, never the key)",
     "keys.revoke": "a client key revoked by the admin role (done or refused)",
     "scale": "the stable variant's replica count changed (by the autoscaler or by hand), with the signals",
+    "alert": "an alert from Alertmanager reached the project's receiver (firing or resolved)",
 }
 DEFAULT = Path(__file__).resolve().parent.parent / "var" / "audit" / "audit.jsonl"
 

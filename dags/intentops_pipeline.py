@@ -158,6 +158,18 @@ def _stage_table() -> str:
     return "\n".join(rows)
 
 
+def _run_outcome(failed: bool):
+    """A DAG-level callback: the run's outcome to the Pushgateway (the failed-run alert;
+    the next good run clears it). Nothing happens without INTENTOPS_PUSHGATEWAY_URL."""
+    def callback(context) -> None:
+        from core import pushmetrics
+
+        run = context.get("dag_run")
+        pushmetrics.pipeline_run("intentops_pipeline", getattr(run, "run_id", "") or "", failed,
+                                 str(context.get("reason") or "") if failed else "")
+    return callback
+
+
 @dag(
     dag_id="intentops_pipeline",
     doc_md=__doc__.replace("{stage_table}", _stage_table()),
@@ -173,6 +185,8 @@ def _stage_table() -> str:
     dagrun_timeout=timedelta(hours=3),
     tags=["intentops", "data"],
     params={name: Param(**entry) for name, entry in form.form().items()},
+    on_success_callback=_run_outcome(False),
+    on_failure_callback=_run_outcome(True),
 )
 def intentops_pipeline():
     @task(retries=1)
@@ -220,7 +234,14 @@ def intentops_pipeline():
     @task(trigger_rule="one_failed", retries=0)
     def watcher() -> None:
         """Fails the run when any stage failed (Airflow's watcher pattern)."""
+        from airflow.sdk import get_current_context
         from airflow.sdk.exceptions import AirflowFailException
+
+        from core import pushmetrics
+
+        # Here as well as in the DAG's failure callback: this task runs in a worker for
+        # certain (where the callback runs depends on the deployment).
+        pushmetrics.pipeline_run("intentops_pipeline", get_current_context()["run_id"], True, "a stage")
 
         raise AirflowFailException("a stage of this run failed; see its log and the summary")
 

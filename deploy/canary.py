@@ -363,6 +363,9 @@ def _promote(dep: Deployment, state: dict[str, Any], canary: dict[str, Any], cli
     if champ and champ != version:
         tracking.move_alias(client, name, ALIAS_PREVIOUS, champ, why)
     tracking.move_alias(client, name, ALIAS_CHAMPION, version, why)
+    from core import pushmetrics
+
+    pushmetrics.champion_promoted(name, version)  # for the champion-age alert
     if aliases.get(ALIAS_CHALLENGER) == version:
         tracking.move_alias(client, name, ALIAS_CHALLENGER, None, why)
     log.info("promoted v%s: champion -> v%s, previous -> v%s", version, version, champ)

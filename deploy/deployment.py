@@ -110,6 +110,30 @@ class Deployment:
         tmp = self.state_file.with_suffix(".tmp")
         tmp.write_text(json.dumps(state, indent=2))
         os.replace(tmp, self.state_file)  # readers see the old or the new state
+        self._write_targets(state, self.extras())
+
+    def _write_targets(self, state: dict[str, Any], extras: list[dict[str, Any]]) -> None:
+        """What Prometheus scrapes of this deployment: file-based discovery from
+        ``<deploy.root>/prometheus/<dataset>.{router,servers,autoscaler}.json`` (Prometheus
+        globs the last path segment only; ops/monitoring/stack.py)."""
+        def target(p: Any, **labels: str) -> list[dict[str, Any]]:
+            if not (p and p.get("url") and self.alive(p)):
+                return []
+            return [{"targets": [p["url"].split("://", 1)[1]],
+                     "labels": {"dataset": self.cfg.dataset, **labels}}]
+
+        groups = {
+            "router": target(state.get("router")),
+            "servers": [*target(state.get("stable"), variant="stable"), *target(state.get("canary"), variant="canary"),
+                        *[g for e in extras for g in target(e, variant="stable")]],
+            "autoscaler": target(state.get("autoscaler")),
+        }
+        folder = self.root.parent / "prometheus"
+        folder.mkdir(exist_ok=True)
+        for job, group in groups.items():
+            tmp = folder / f".{self.cfg.dataset}.{job}.json.tmp"
+            tmp.write_text(json.dumps(group, indent=1))
+            os.replace(tmp, folder / f"{self.cfg.dataset}.{job}.json")
 
     # -- processes ----------------------------------------------------------------------
 
@@ -201,6 +225,7 @@ class Deployment:
         tmp = self.replicas_file.with_suffix(".tmp")
         tmp.write_text(json.dumps({"stable": extras, "updated": time.time()}, indent=2))
         os.replace(tmp, self.replicas_file)
+        self._write_targets(self.state(), extras)
 
     @contextlib.contextmanager
     def scaling(self):
@@ -565,6 +590,9 @@ class Deployment:
         self.kill(old)
         why = f"rollback: v{prev} serves again in place of v{champ}"
         tracking.move_alias(client, name, ALIAS_CHAMPION, prev, why)
+        from core import pushmetrics
+
+        pushmetrics.champion_promoted(name, prev)
         if champ:
             tracking.move_alias(client, name, ALIAS_PREVIOUS, champ, why)
             client.set_model_version_tag(name, champ, DECISION_TAG, "rolled_back_by_operator")

@@ -192,6 +192,14 @@ class Metrics:
         from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
         r = self.registry = CollectorRegistry()
+        # Process memory and CPU, and the limit the memory alert compares them with.
+        from prometheus_client import ProcessCollector
+
+        from core.sysinfo import memory_limit_bytes
+
+        ProcessCollector(registry=r)
+        Gauge("intentops_memory_limit_bytes", "memory limit of the machine or cgroup",
+              registry=r).set(memory_limit_bytes())
         self.requests = Counter("intentops_router_requests_total", "upstream calls by variant, role and status",
                                 ["variant", "role", "status"], registry=r)
         self.latency = Histogram("intentops_router_upstream_seconds", "upstream latency by variant",

@@ -274,6 +274,14 @@ class Metrics:
         from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
         self.registry = CollectorRegistry()
+        # Process memory and CPU, and the limit the memory alert compares them with.
+        from prometheus_client import ProcessCollector
+
+        from core.sysinfo import memory_limit_bytes
+
+        ProcessCollector(registry=self.registry)
+        Gauge("intentops_memory_limit_bytes", "memory limit of the machine or cgroup",
+              registry=self.registry).set(memory_limit_bytes())
         self.requests = Counter("intentops_requests_total", "predict requests by HTTP status",
                                 ["status"], registry=self.registry)
         self.latency = Histogram("intentops_request_seconds", "predict latency",

@@ -11,7 +11,13 @@
 * ``airflow standalone`` (API server with the UI and the REST API v2, scheduler,
   dag-processor, triggerer; LocalExecutor, SQLite) in the project's ``AIRFLOW_HOME``, its
   tasks logging to that MLflow server;
-* the serving stack (``deploy/``): the router and, once a model is champion, its server.
+* the serving stack (``deploy/``): the router and, once a model is champion, its server;
+* the monitoring stack (``ops/monitoring/``): Prometheus (scraping the router, the model
+  servers, the autoscaler and the Pushgateway, with the alert rules), Alertmanager, the
+  Pushgateway (training and pipeline metrics) and the project's alert receiver (the audit
+  log, and DAG triggers for chosen alerts). When one of them cannot start (not
+  installed, port taken) ``up`` says so and goes on: serving and the pipeline do not
+  depend on monitoring, and ``intentops services`` shows what is down.
 
 Each process is started in a session of its own and recorded in ``var/services/state.json``
 with its start time, so ``down`` stops exactly what ``up`` started (whole process groups:
@@ -86,6 +92,9 @@ class Services:
     def __init__(self, cfg: PipelineConfig | None = None, ports: Ports | None = None) -> None:
         self.cfg = cfg or load_config()
         self.ports = ports or Ports.from_env()
+        from ops.monitoring.stack import MonitoringPorts
+
+        self.mon_ports = MonitoringPorts.from_env()
         self.root = _root(self.cfg)
         self.logs = self.root / "logs"
         self.state_file = self.root / "state.json"
@@ -144,6 +153,7 @@ class Services:
             "SPARK_LOCAL_IP": env.get("SPARK_LOCAL_IP", "127.0.0.1"),
             "MLFLOW_TRACKING_URI": self.mlflow_url,
             **registry_auth.client_env(self.registry_credentials()),  # the pipeline user
+            "INTENTOPS_PUSHGATEWAY_URL": self.mon_ports.url("pushgateway"),
             "PYTHONPATH": os.pathsep.join([str(PROJECT_ROOT), *filter(None, [env.get("PYTHONPATH")])]),
         })
         return env
@@ -216,6 +226,8 @@ class Services:
         except registry_auth.RegistryAuthError as e:
             raise ServiceError(f"mlflow users not provisioned: {e}; see {state['mlflow']['log']}") from e
 
+        started += self._monitoring_up(state, env)
+
         if not self.alive(state.get("airflow")):
             for cmd in (["db", "migrate"],
                         ["pools", "set", "intentops_registry", "1", "model registry writes, one at a time"]):
@@ -239,6 +251,36 @@ class Services:
         self._save(state)
         return {"started": started, **self.describe(state)}
 
+    MONITORING = ("alert_receiver", "pushgateway", "alertmanager", "prometheus")
+
+    def _monitoring_up(self, state: dict[str, Any], env: dict[str, str]) -> list[str]:
+        from ops.monitoring import stack
+
+        started = []
+        folder = self.root / "monitoring"
+        try:
+            stack.write_configs(folder, self.mon_ports, self.cfg.resolve_path(self.cfg.deploy.root))
+            cmds = stack.commands(folder, self.mon_ports, str(self.bin / "python"))
+        except (OSError, FileNotFoundError) as exc:
+            state["monitoring_error"] = str(exc)
+            self._save(state)
+            print(f"monitoring not started: {exc}", file=sys.stderr)
+            return started
+        state.pop("monitoring_error", None)
+        receiver_env = {**env, "INTENTOPS_AIRFLOW_URL": self.airflow_url,
+                        "INTENTOPS_AIRFLOW_PASSWORD_FILE": str(passwords_file())}
+        for name in self.MONITORING:
+            if self.alive(state.get(name)):
+                continue
+            state[name] = self._spawn(name, cmds[name], receiver_env if name == "alert_receiver" else env)
+            self._save(state)
+            try:
+                self._wait(name, state[name], self.mon_ports.url(stack.PORT_OF[name]) + stack.HEALTH[name], 60)
+                started.append(name)
+            except ServiceError as exc:  # monitoring down: say so, serve and run anyway
+                print(f"monitoring: {exc}", file=sys.stderr)
+        return started
+
     def describe(self, state: dict[str, Any] | None = None) -> dict[str, Any]:
         state = self.state() if state is None else state
         from deploy.deployment import Deployment
@@ -254,6 +296,9 @@ class Services:
             "router": {"url": (state.get("serving") or {}).get("router"),
                        "client_keys_file": _rel(dep.secrets / "client_keys"),
                        "stable_version": (state.get("serving") or {}).get("stable_version")},
+            **{name: {"url": self.mon_ports.url(PORT.get(name, name)), "running": self.alive(state.get(name))}
+               for name in self.MONITORING},
+            **({"monitoring_error": state["monitoring_error"]} if state.get("monitoring_error") else {}),
             "logs": _rel(self.logs),
         }
 
@@ -262,7 +307,7 @@ class Services:
 
         stopped = [f"serving: {s}" for s in Deployment(self.cfg).stop()]
         state = self.state()
-        for name in ("airflow", "mlflow"):  # Airflow's tasks may still be writing to MLflow
+        for name in ("airflow", *reversed(self.MONITORING), "mlflow"):  # tasks may still write to MLflow
             proc = state.get(name)
             if self.alive(proc):
                 self._kill_group(proc)
@@ -271,6 +316,9 @@ class Services:
         state.pop("serving", None)
         self._save(state)
         return stopped
+
+
+PORT = {"alert_receiver": "receiver"}
 
 
 def apply_client_credentials(env: dict[str, str] | None = None) -> bool:

@@ -196,7 +196,7 @@ def test_serving_modules_import_no_pipeline_code():
     for rel in ("deploy/server.py", "deploy/router.py", "deploy/pool.py", "deploy/cache.py", "export/runtime.py"):
         assert _project_imports(ROOT / rel) <= {"export", "deploy", "contract", "core"}, rel
         core_modules = {n for n in _dotted_imports(ROOT / rel) if n.split(".")[0] == "core"}
-        assert core_modules <= {"core", "core.audit", "core.secretfiles"}, (rel, core_modules)
+        assert core_modules <= {"core", "core.audit", "core.secretfiles", "core.sysinfo"}, (rel, core_modules)
 
 
 # --------------------------------------------------------------------------- trigger form

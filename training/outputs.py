@@ -15,6 +15,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
+from core import pushmetrics
 from training import checkpoint as ckpt
 from training.data import tokenizer_path
 from training.metrics import plot_confusion, report_and_confusion
@@ -59,6 +60,9 @@ def log_step(run: Run, history: TextIO | None, loss: float, lr: float, step_samp
                               "lr": lr, "samples_per_s": round(rate, 2)}) + "\n")
     history.flush()
     run.log_metrics(st.global_step, train_loss=loss, lr=lr, samples_per_s=rate)
+    # Prometheus (through the Pushgateway, when INTENTOPS_PUSHGATEWAY_URL is set): at most
+    # every 10 s, so a push never costs a step anything noticeable.
+    pushmetrics.training(os.environ.get("INTENTOPS_RUN_ID") or run.out.name, rate, seconds, loss)
 
 
 def write_outputs(run: Run, test: Mapping[str, Any] | None) -> dict[str, Any]:

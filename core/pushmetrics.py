@@ -1,0 +1,100 @@
+"""Metrics of short-lived processes, pushed to the Prometheus Pushgateway.
+
+Training (throughput, step time, loss, CPU, memory, and GPU utilization and memory through
+NVML where a GPU exists), the pipeline (a run failed or succeeded, task durations) and
+the deployment (when the champion was promoted) are not scraped: they push here when
+``INTENTOPS_PUSHGATEWAY_URL`` is set (``make up`` sets it for Airflow's tasks). A push that
+fails is logged and dropped: monitoring being down never stops a run.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+
+from core import sysinfo
+
+log = logging.getLogger("intentops.push")
+_last: dict[str, float] = {}
+
+
+def gateway() -> str | None:
+    return os.environ.get("INTENTOPS_PUSHGATEWAY_URL") or None
+
+
+def push(job: str, grouping: dict[str, str], gauges: dict[str, tuple[float, str]],
+         labels: dict[str, str] | None = None, every_s: float = 0.0) -> bool:
+    """Replace the group ``job``/``grouping`` with ``gauges`` (name -> (value, help)), each
+    with ``labels``. ``every_s``: skip when this group was pushed less than that ago."""
+    url = gateway()
+    if not url:
+        return False
+    key = job + repr(sorted(grouping.items()))
+    now = time.monotonic()
+    if every_s and now - _last.get(key, -1e9) < every_s:
+        return False
+    _last[key] = now
+    from prometheus_client import CollectorRegistry, Gauge, push_to_gateway
+
+    reg = CollectorRegistry()
+    names = sorted(labels or {})
+    for name, (value, doc) in gauges.items():
+        if value is None:
+            continue
+        g = Gauge(name, doc, names, registry=reg)
+        (g.labels(**labels) if names else g).set(value)
+    try:
+        push_to_gateway(url, job=job, grouping_key=grouping, registry=reg, timeout=3)
+        return True
+    except Exception as exc:  # monitoring down: log and go on
+        log.warning("push to the Pushgateway at %s failed: %s", url, exc)
+        return False
+
+
+def _gpu() -> tuple[float | None, float | None]:
+    """(utilization 0..1, memory used bytes) of GPU 0 through NVML, or (None, None)."""
+    try:
+        import pynvml  # noqa: PLC0415 (optional: only where a GPU driver exists)
+
+        pynvml.nvmlInit()
+        h = pynvml.nvmlDeviceGetHandleByIndex(0)
+        return pynvml.nvmlDeviceGetUtilizationRates(h).gpu / 100.0, float(pynvml.nvmlDeviceGetMemoryInfo(h).used)
+    except Exception:
+        return None, None
+
+
+def training(run: str, samples_per_s: float, step_seconds: float, loss: float, every_s: float = 10.0) -> bool:
+    """Training progress (rank 0, at most every ``every_s``)."""
+    if not gateway():
+        return False
+    import resource
+
+    cpu = resource.getrusage(resource.RUSAGE_SELF)
+    gpu_util, gpu_mem = _gpu()
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    return push("intentops-training", {"instance": os.uname().nodename}, {
+        "intentops_training_samples_per_second": (samples_per_s, "training samples per second (last step)"),
+        "intentops_training_step_seconds": (step_seconds, "seconds of the last optimizer step"),
+        "intentops_training_loss": (loss, "training loss of the last step"),
+        "intentops_training_cpu_seconds": (cpu.ru_utime + cpu.ru_stime, "CPU seconds of the training process"),
+        "intentops_training_memory_bytes": (float(rss), "peak resident memory of the training process"),
+        "intentops_memory_limit_bytes": (float(sysinfo.memory_limit_bytes()), "memory limit of the machine or cgroup"),
+        "intentops_training_gpu_utilization": (gpu_util, "GPU 0 utilization, 0..1 (NVML)"),
+        "intentops_training_gpu_memory_bytes": (gpu_mem, "GPU 0 memory used (NVML)"),
+    }, labels={"run": run}, every_s=every_s)
+
+
+def pipeline_run(dag_id: str, run_id: str, failed: bool, task_id: str = "") -> bool:
+    """A run's outcome: ``intentops_pipeline_run_failed`` 1 (with the task) or 0; the
+    group is per DAG, so the next good run clears a failure."""
+    return push("intentops-pipeline", {"dag_id": dag_id}, {
+        "intentops_pipeline_run_failed": (1.0 if failed else 0.0, "1 when the DAG's last run failed"),
+        "intentops_pipeline_last_outcome_timestamp_seconds": (time.time(), "when the last run ended"),
+    }, labels={"run_id": run_id, "task_id": task_id})
+
+
+def champion_promoted(registered_model: str, version: str, at: float | None = None) -> bool:
+    return push("intentops-deploy", {"registered_model": registered_model}, {
+        "intentops_champion_promoted_timestamp_seconds": (at or time.time(), "when the champion was promoted"),
+    }, labels={"version": str(version)})

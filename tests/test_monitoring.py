@@ -1,0 +1,205 @@
+"""Monitoring: the alert rules (promtool), the generated Prometheus and Alertmanager
+configs, and a live fault: a model server that fails every request pages through real
+Prometheus, Alertmanager and the project's receiver into the audit log."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+from conftest import ROOT, _free_port
+
+from ops.monitoring import stack
+
+MON = ROOT / "ops" / "monitoring"
+
+
+def _tool(*cmd: str, cwd: Path = MON) -> subprocess.CompletedProcess:
+    return subprocess.run(list(cmd), cwd=cwd, capture_output=True, text=True, timeout=300)
+
+
+def test_alert_rules_pass_promtool_check_and_their_unit_tests():
+    assert stack.binaries()["promtool"], "promtool is not installed (make test-deps)"
+    r = _tool("promtool", "check", "rules", "rules.yml")
+    assert r.returncode == 0, r.stdout + r.stderr
+    r = _tool("promtool", "test", "rules", "rules_test.yml")
+    assert r.returncode == 0 and "SUCCESS" in r.stdout, r.stdout + r.stderr
+    # Every alert has a summary and a runbook line, and is unit-tested.
+    import yaml
+
+    rules = [r for g in yaml.safe_load((MON / "rules.yml").read_text())["groups"] for r in g["rules"]]
+    tested = (MON / "rules_test.yml").read_text()
+    for rule in rules:
+        assert rule["annotations"]["summary"] and rule["annotations"]["runbook"], rule["alert"]
+        assert f"alertname: {rule['alert']}" in tested, f"{rule['alert']} has no promtool test"
+
+
+def test_a_broken_rule_fails_promtool(tmp_path):
+    (tmp_path / "rules.yml").write_text(
+        "groups:\n- name: x\n  rules:\n  - alert: Broken\n    expr: rate(intentops_requests_total[5m] > 1\n")
+    r = _tool("promtool", "check", "rules", "rules.yml", cwd=tmp_path)
+    assert r.returncode != 0
+
+
+def test_generated_configs_are_valid_for_prometheus_and_alertmanager(tmp_path):
+    ports = stack.MonitoringPorts()
+    paths = stack.write_configs(tmp_path, ports, tmp_path / "deploy")
+    r = _tool("promtool", "check", "config", str(paths["prometheus"]), cwd=tmp_path)
+    assert r.returncode == 0, r.stdout + r.stderr
+    r = _tool("amtool", "check-config", str(paths["alertmanager"]), cwd=tmp_path)
+    assert r.returncode == 0, r.stdout + r.stderr
+    import yaml
+
+    am = yaml.safe_load(paths["alertmanager"].read_text())
+    assert am["receivers"][0]["webhook_configs"][0]["url"] == f"{ports.url('receiver')}/alerts"
+
+
+def _wait_http(url: str, proc: subprocess.Popen, log: Path, timeout: float = 60) -> None:
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if proc.poll() is not None:
+            raise AssertionError(f"{proc.args[0]} exited: {log.read_text()[-2000:]}")
+        try:
+            if httpx.get(url, timeout=2).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.2)
+    raise AssertionError(f"{url} not ready; {log.read_text()[-2000:]}")
+
+
+def test_receiver_refuses_what_it_cannot_record(tmp_path, project_env):
+    from fastapi.testclient import TestClient
+
+    from ops.monitoring.receiver import create_app
+
+    client = TestClient(create_app(triggers={"Dead": "intentops_pipeline"}))
+    assert client.post("/alerts", content=b"not json").status_code == 422
+    assert client.post("/alerts", json={"no": "alerts"}).status_code == 422
+    # A trigger that cannot reach Airflow: the alert is recorded anyway, with the error.
+    os.environ["INTENTOPS_AIRFLOW_URL"] = f"http://127.0.0.1:{_free_port()}"
+    os.environ["INTENTOPS_AIRFLOW_PASSWORD"] = "x"
+    try:
+        r = client.post("/alerts", json={"alerts": [{"status": "firing", "labels": {"alertname": "Dead"},
+                                                       "annotations": {"summary": "s"}}]})
+    finally:
+        os.environ.pop("INTENTOPS_AIRFLOW_URL")
+        os.environ.pop("INTENTOPS_AIRFLOW_PASSWORD")
+    assert r.status_code == 200
+    assert "trigger_error" in client.get("/alerts").json()["alerts"][-1]
+    # An audit log that cannot be written: 503, so Alertmanager retries.
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    old = os.environ["INTENTOPS_AUDIT_LOG"]
+    os.environ["INTENTOPS_AUDIT_LOG"] = str(blocker / "audit.jsonl")
+    try:
+        r = client.post("/alerts", json={"alerts": [{"status": "firing", "labels": {"alertname": "X"}}]})
+    finally:
+        os.environ["INTENTOPS_AUDIT_LOG"] = old
+    assert r.status_code == 503
+
+
+@pytest.fixture(scope="module")
+def monitoring(tmp_path_factory, project_env):
+    """Prometheus, Alertmanager, the Pushgateway and the receiver, started from the
+    project's own configs and command lines on free ports, with 1 s intervals."""
+    base = tmp_path_factory.mktemp("monitoring")
+    ports = stack.MonitoringPorts(prometheus=_free_port(), alertmanager=_free_port(),
+                                  pushgateway=_free_port(), receiver=_free_port())
+    deploy_root = base / "deploy"
+    os.environ["INTENTOPS_MONITORING_INTERVAL"] = "1s"
+    try:
+        stack.write_configs(base, ports, deploy_root)
+    finally:
+        os.environ.pop("INTENTOPS_MONITORING_INTERVAL")
+    procs = {}
+    try:
+        for name, cmd in stack.commands(base, ports, sys.executable).items():
+            log = base / f"{name}.log"
+            procs[name] = subprocess.Popen(cmd, env=project_env, cwd=ROOT, stdout=log.open("w"),
+                                           stderr=subprocess.STDOUT)
+            _wait_http(ports.url(stack.PORT_OF[name]) + stack.HEALTH[name], procs[name], log)
+        yield {"ports": ports, "deploy_root": deploy_root, "base": base}
+    finally:
+        for p in procs.values():
+            p.terminate()
+            p.wait(timeout=30)
+
+
+def _received(ports, alertname: str, timeout: float) -> tuple[dict | None, float]:
+    t0 = time.time()
+    while time.time() - t0 < timeout:
+        got = [a for a in httpx.get(f"{ports.url('receiver')}/alerts").json()["alerts"]
+               if a["labels"].get("alertname") == alertname and a["status"] == "firing"]
+        if got:
+            return got[0], time.time() - t0
+        time.sleep(0.5)
+    return None, time.time() - t0
+
+
+def test_a_failing_server_pages_through_prometheus_and_alertmanager(monitoring, exported, project_env, audit_log):
+    from test_scaling import CLIENT, INTERNAL, router
+
+    ports, deploy_root = monitoring["ports"], monitoring["deploy_root"]
+    port = _free_port()
+    server = subprocess.Popen([sys.executable, "-m", "deploy.server", "--build", str(exported["out"] / "int8"),
+                               "--port", str(port), "--inject-fail-rate", "1.0"],
+                              env=dict(project_env, INTENTOPS_API_KEYS=INTERNAL), cwd=ROOT,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+    rp = None
+    try:
+        _wait_http(f"http://127.0.0.1:{port}/health/ready", server, monitoring["base"] / "prometheus.log")
+        rp, url = router(project_env, [f"http://127.0.0.1:{port}"])
+        targets = deploy_root / "prometheus"
+        targets.mkdir(parents=True)
+        (targets / "demo.router.json").write_text(json.dumps([{"targets": [url.split("//")[1]]}]))
+        (targets / "demo.servers.json").write_text(json.dumps([{"targets": [f"127.0.0.1:{port}"]}]))
+        (targets / "demo.autoscaler.json").write_text("[]")
+        # Every request fails at the server (injected): the router answers 5xx.
+        t_fault = time.time()
+        stop_at = t_fault + 90
+        alert = None
+        while time.time() < stop_at and alert is None:
+            for _ in range(10):
+                httpx.post(f"{url}/v1/predict", json={"text": "my card"}, headers={"Authorization": f"Bearer {CLIENT}"})
+            alert, _ = _received(ports, "IntentopsHighErrorRate", 0.5)
+        assert alert is not None, httpx.get(f"{ports.url('prometheus')}/api/v1/alerts").text
+        assert alert["labels"]["severity"] == "page" and alert["annotations"]["runbook"]
+        records = [json.loads(x) for x in audit_log.read_text().splitlines()]
+        paged = [r for r in records if r["action"] == "alert" and r["target"].startswith("IntentopsHighErrorRate")]
+        assert paged and paged[-1]["actor"] == "alertmanager" and paged[-1]["outcome"] == "firing"
+        assert "runbook:" in paged[-1]["reason"]
+        # The router's and server's own metrics are scraped (the memory rule's inputs too).
+        q = httpx.get(f"{ports.url('prometheus')}/api/v1/query",
+                      params={"query": "intentops_memory_limit_bytes"}).json()["data"]["result"]
+        assert {r["metric"]["job"] for r in q} == {"intentops-router", "intentops-servers"}
+    finally:
+        if rp is not None:
+            rp.terminate()
+            rp.wait(timeout=20)
+        server.terminate()
+        server.wait(timeout=20)
+
+
+def test_a_failed_pipeline_run_pushed_to_the_gateway_pages(monitoring, monkeypatch):
+    from core import pushmetrics
+
+    ports = monitoring["ports"]
+    monkeypatch.setenv("INTENTOPS_PUSHGATEWAY_URL", ports.url("pushgateway"))
+    assert pushmetrics.pipeline_run("intentops_pipeline", "manual__test", True, "train")
+    alert, _ = _received(ports, "IntentopsPipelineRunFailed", 60)
+    assert alert is not None and alert["labels"]["run_id"] == "manual__test"
+    # The next good run clears it in the gateway.
+    assert pushmetrics.pipeline_run("intentops_pipeline", "manual__next", False)
+    text = httpx.get(f"{ports.url('pushgateway')}/metrics").text
+    assert 'intentops_pipeline_run_failed{dag_id="intentops_pipeline",instance="",job="intentops-pipeline",' \
+           'run_id="manual__next",task_id=""} 0' in text
+    # With the gateway down a push is dropped, never raised.
+    monkeypatch.setenv("INTENTOPS_PUSHGATEWAY_URL", f"http://127.0.0.1:{_free_port()}")
+    assert pushmetrics.pipeline_run("intentops_pipeline", "x", True) is False
