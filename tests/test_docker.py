@@ -733,6 +733,30 @@ def test_the_registry_asks_who_you_are_in_compose():
         assert depends_on(compose[name])["mlflow-users"]["condition"] == "service_completed_successfully"
 
 
+def test_the_monitoring_profile_uses_the_projects_rules_and_generated_configs():
+    import yaml
+
+    from ops.monitoring import stack
+
+    compose = resolved_compose()["services"]
+    for name, fn in (("prometheus", stack.compose_prometheus_config),
+                     ("alertmanager", stack.compose_alertmanager_config)):
+        assert yaml.safe_load((DOCKER / "monitoring" / f"{name}.yml").read_text()) == fn(), name
+        assert compose[name]["profiles"] == ["monitoring"]
+    mounts = {v.split(":")[1]: v.split(":")[0] for v in compose["prometheus"]["volumes"]}
+    assert (DOCKER / mounts["/etc/prometheus/rules.yml"]).resolve() == stack.RULES
+    r = subprocess.run(["promtool", "check", "config", "--syntax-only", str(DOCKER / "monitoring" / "prometheus.yml")],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stdout + r.stderr
+    # Every target Prometheus scrapes is a compose service, on the port its command uses.
+    targets = [t for job in stack.compose_prometheus_config()["scrape_configs"]
+               for g in job["static_configs"] for t in g["targets"] if not t.startswith("localhost")]
+    for t in targets:
+        host, port = t.split(":")
+        assert host in compose, t
+    assert option(compose["router"]["command"], "--port") == "8200"
+
+
 # -- scripts ------------------------------------------------------------------------------------
 
 def test_healthcheck_roles_match_the_services_commands():

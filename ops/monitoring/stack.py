@@ -118,3 +118,26 @@ HEALTH = {"alert_receiver": "/health/ready", "pushgateway": "/-/ready", "alertma
           "prometheus": "/-/ready"}
 PORT_OF = {"alert_receiver": "receiver", "pushgateway": "pushgateway", "alertmanager": "alertmanager",
            "prometheus": "prometheus"}
+
+
+def compose_prometheus_config(interval: str = "5s") -> dict[str, Any]:
+    """The compose shape's Prometheus (docker/monitoring/prometheus.yml is this, a test
+    keeps them equal): fixed replica counts, so static targets on the compose network."""
+    return {
+        "global": {"scrape_interval": interval, "evaluation_interval": interval, "scrape_timeout": interval},
+        "rule_files": ["/etc/prometheus/rules.yml"],
+        "alerting": {"alertmanagers": [{"static_configs": [{"targets": ["alertmanager:9093"]}]}]},
+        "scrape_configs": [
+            {"job_name": "intentops-router", "static_configs": [{"targets": ["router:8200"]}]},
+            {"job_name": "intentops-servers", "static_configs": [
+                {"targets": ["model-server:8100", "model-server-2:8100"], "labels": {"variant": "stable"}},
+                {"targets": ["model-server-canary:8100"], "labels": {"variant": "canary"}}]},
+            {"job_name": "pushgateway", "honor_labels": True, "static_configs": [{"targets": ["pushgateway:9091"]}]},
+            {"job_name": "prometheus", "static_configs": [{"targets": ["localhost:9090"]}]},
+        ],
+    }
+
+
+def compose_alertmanager_config() -> dict[str, Any]:
+    return alertmanager_config("http://alert-receiver:9095")
+
