@@ -51,6 +51,10 @@ def services(tmp_path_factory, project_env):
         INTENTOPS_MLFLOW_STORE=str(base / "mlflow"),
         INTENTOPS_AIRFLOW_PORT=str(_free_port()),
         INTENTOPS_MLFLOW_PORT=str(_free_port()),
+        INTENTOPS_PROMETHEUS_PORT=str(_free_port()),
+        INTENTOPS_ALERTMANAGER_PORT=str(_free_port()),
+        INTENTOPS_PUSHGATEWAY_PORT=str(_free_port()),
+        INTENTOPS_ALERT_RECEIVER_PORT=str(_free_port()),
         AIRFLOW_CONN_SPARK_DEFAULT='{"conn_type": "spark", "host": "local[2]"}',
         INTENTOPS__SPARK__DRIVER_MEMORY="2g",
         INTENTOPS__LAKE_ROOT=str(base / "lake"),
@@ -126,6 +130,18 @@ def test_up_prints_urls_and_a_second_up_is_harmless(services):
     assert _json_tail(again.stdout)["started"] == []
     after = json.loads((base / "services" / "state.json").read_text())
     assert {k: after[k]["pid"] for k in ("airflow", "mlflow")} == {k: state[k]["pid"] for k in ("airflow", "mlflow")}
+
+    # The monitoring stack runs beside them; one of it down is reported, not fatal, and
+    # the next `up` starts it again.
+    for name in ("prometheus", "alertmanager", "pushgateway", "alert_receiver"):
+        assert info[name]["running"] and info[name]["url"].startswith("http://127.0.0.1:"), name
+    assert httpx.get(f"{info['prometheus']['url']}/api/v1/rules").json()["data"]["groups"]
+    psutil.Process(after["alertmanager"]["pid"]).kill()
+    psutil.Process(after["alertmanager"]["pid"]).wait(10)
+    shown = _cli(env, "services")
+    assert shown.returncode == 0 and _json_tail(shown.stdout)["alertmanager"]["running"] is False
+    again = _cli(env, "up")
+    assert again.returncode == 0 and _json_tail(again.stdout)["started"] == ["alertmanager"], again.stdout[-2000:]
 
 
 def test_rest_triggered_run_registers_promotes_and_serves(services, api, registry):
@@ -219,14 +235,15 @@ def test_down_stops_everything_it_started(services):
     env, base, _, info = services
     state = json.loads((base / "services" / "state.json").read_text())
     deploy_state = json.loads((base / "deploy" / "banking77" / "state.json").read_text())
-    pids = [state[k]["pid"] for k in ("airflow", "mlflow")]
+    pids = [state[k]["pid"] for k in ("airflow", "mlflow", "prometheus", "alertmanager", "pushgateway",
+                                      "alert_receiver")]
     pids += [p["pid"] for p in deploy_state.values() if isinstance(p, dict) and "pid" in p]
     groups = {p: _pgid(p) for p in pids if psutil.pid_exists(p)}
     down = _cli(env, "down", timeout=300)
     assert down.returncode == 0, down.stderr[-2000:]
     left = [p for p in psutil.process_iter(["pid", "cmdline"]) if _pgid(p.pid) in set(groups.values())]
     assert left == [], [" ".join(p.info["cmdline"] or [])[:120] for p in left]
-    for url in (info["airflow"]["url"], info["mlflow"]["url"], info["router"]["url"]):
+    for url in (info["airflow"]["url"], info["mlflow"]["url"], info["router"]["url"], info["prometheus"]["url"]):
         with pytest.raises(httpx.HTTPError):
             httpx.get(url, timeout=3)
     again = _cli(env, "down")
