@@ -216,7 +216,8 @@ def test_autoscaler_adds_a_replica_under_load_and_removes_it_after(store, projec
     for k, v in project_env.items():
         monkeypatch.setenv(k, v)
     cfg = load_config(overrides={
-        "deploy.root": str(tmp_path / "deploy"), "deploy.router_port": 0, "deploy.max_delay_ms": 2,
+        "deploy.root": str(tmp_path / "deploy"), "lake_root": str(tmp_path / "lake"),
+        "deploy.router_port": 0, "deploy.max_delay_ms": 2,
         "deploy.autoscale.min_replicas": 1, "deploy.autoscale.max_replicas": 2,
         "deploy.autoscale.interval_seconds": 0.5, "deploy.autoscale.target_outstanding": 2,
         "deploy.autoscale.low_outstanding": 1, "deploy.autoscale.max_p99_ms": 60000,
@@ -244,6 +245,13 @@ def test_autoscaler_adds_a_replica_under_load_and_removes_it_after(store, projec
         assert grown["replicas"]["stable"] == 2, grown
         assert grown["stable_extras"][0]["cold_start_s"] > 0
         assert len(statuses) > 20 and set(statuses) == {200}, {s: statuses.count(s) for s in set(statuses)}
+        # Both replicas write the deployment's one prediction log, in the dataset's lake.
+        from deploy import predlog
+
+        assert dep.prediction_log == tmp_path / "lake" / cfg.dataset / "predictions" / "predictions.db"
+        time.sleep(0.5)  # the writer threads commit just after answering
+        variants = {r["variant"] for r in predlog.recent(dep.prediction_log)}
+        assert "stable" in variants and len(variants) == 2, variants
 
         deadline = time.time() + 90
         while time.time() < deadline and dep.status()["replicas"]["stable"] > 1:
