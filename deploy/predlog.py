@@ -171,14 +171,16 @@ def retain(con_or_path: sqlite3.Connection | str | Path, days: float, max_rows: 
 
 
 class Writer:
-    """A thread that inserts queued micro-batches, one transaction per drain of the queue.
+    """A thread that inserts queued micro-batches, one transaction per drain of the queue,
+    at most one every ``group_s`` seconds.
 
     ``put`` never blocks the caller: when more than ``max_pending`` batches wait (the disk
     cannot keep up), the batch is dropped and counted in ``dropped`` rather than slowing
     serving down."""
 
-    def __init__(self, path: str | Path, max_pending: int = 1000) -> None:
+    def __init__(self, path: str | Path, max_pending: int = 1000, group_s: float = 0.02) -> None:
         self.path = Path(path)
+        self.group_s = group_s
         self.con = connect(self.path)
         self.queue: queue.Queue[list[tuple] | None] = queue.Queue()
         self.max_pending = max_pending
@@ -204,11 +206,18 @@ class Writer:
             return self._idle.wait_for(lambda: self._pending == 0, timeout)
 
     def _run(self) -> None:
+        last = 0.0
         while True:
             batches = [self.queue.get()]
+            # Group commit: at most one transaction per ``group_s``; the batches that queue
+            # meanwhile join it (a commit costs about 0.1 ms of CPU whatever its rows).
+            wait = last + self.group_s - time.monotonic()
+            if wait > 0 and batches[0] is not None:
+                time.sleep(wait)
             with contextlib.suppress(queue.Empty):
-                while len(batches) < 256:
+                while len(batches) < 1024:
                     batches.append(self.queue.get_nowait())
+            last = time.monotonic()
             stop = None in batches
             rows = [r for b in batches if b for r in b]
             try:

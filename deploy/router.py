@@ -505,8 +505,11 @@ def create_app(router: Router) -> FastAPI:
     async def client_or_operator(request: Request) -> None:
         if not router.cfg.api_keys:  # an open router, like /v1/predict
             return
-        if role(presented_key(request)) not in ("client", "operator"):
+        found = role(presented_key(request))
+        if found is None:
             raise HTTPException(401, "missing or unknown API key", headers={"WWW-Authenticate": "Bearer"})
+        if found not in ("client", "operator"):
+            raise HTTPException(403, f"a {found} key may not send feedback (client and operator keys may)")
 
     @app.post("/v1/feedback", dependencies=[Depends(client_or_operator)],
               summary="The true label of a prediction (same body and answer as the model server's /v1/feedback)")
@@ -514,7 +517,8 @@ def create_app(router: Router) -> FastAPI:
         routes = router.routes
         if routes.stable is None and routes.canary is None:
             return answer(503, b'{"detail": "no model deployed"}', "none")
-        status, content = await router.feedback(await request.body(), key_actor(presented_key(request)))
+        key = presented_key(request)
+        status, content = await router.feedback(await request.body(), key_actor(key) if key else "")
         if status == 0:
             router.metrics.client.labels("503").inc()
             raise HTTPException(503, "no replica is available", headers={"Retry-After": "1"})

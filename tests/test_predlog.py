@@ -195,6 +195,10 @@ def test_feedback_through_the_router(served):
     # Who: the router's client by key fingerprint, via the router's upstream key.
     assert fb[p["prediction_id"]]["actor"] == f"{key_actor(ROUTER_CLIENT)} via {key_actor(INTERNAL)}"
     assert "<PERSON>" in fb[p["prediction_id"]]["text"]
+    # The router's operator key may send feedback too.
+    op = httpx.post(f"{router}/v1/feedback", json={"prediction_id": p["prediction_id"], "label": p["label"]},
+                    headers={"Authorization": "Bearer pl-router-admin"}, timeout=10)
+    assert op.status_code == 200, op.text
     assert httpx.post(f"{router}/v1/feedback", json={"prediction_id": "f" * 32, "label": p["label"]},
                       headers=RH, timeout=10).status_code == 404
     assert httpx.post(f"{router}/v1/feedback", json={"prediction_id": p["prediction_id"], "label": "nope"},
