@@ -56,7 +56,6 @@ def wait(url: str, timeout: float = 120) -> None:
 
 def main() -> None:
     import httpx
-
     from data_stages import write_results
 
     from export.onnx_build import hardware

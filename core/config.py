@@ -376,6 +376,12 @@ class DeployConfig(_Section):
     # The router's response cache: answers kept per variant (0: no cache).
     cache_size: int = Field(0, ge=0)
     autoscale: AutoscaleConfig = Field(default_factory=AutoscaleConfig)
+    # The prediction log (deploy/predlog.py): every replica writes <lake>/predictions/
+    # predictions.db; masked text only. A sampled share of requests, kept by age and count.
+    prediction_log: bool = True
+    prediction_log_sample: float = Field(1.0, ge=0.0, le=1.0)
+    prediction_log_days: float = Field(30.0, gt=0)
+    prediction_log_max_rows: int = Field(1_000_000, ge=1)
 
     @field_validator("steps")
     @classmethod

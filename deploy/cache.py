@@ -93,11 +93,18 @@ class ResponseCache:
 
         version = self.version[variant]
         try:
-            answered_by = str(json.loads(value).get("model_version"))
+            doc = json.loads(value)
+            answered_by = str(doc.get("model_version"))
         except (ValueError, AttributeError):
             return
         if not key.startswith(f"{version}:") or answered_by != version:
             return  # answered by a version that is not (or no longer) the variant's
+        # A prediction id names one logged prediction: a cached answer gets none (feedback
+        # goes to predictions the model made, not to replays of them).
+        if any(p.get("prediction_id") for p in doc.get("predictions", [])):
+            for p in doc["predictions"]:
+                p["prediction_id"] = None
+            value = json.dumps(doc, separators=(",", ":")).encode()
         entries = self.entries[variant]
         entries[key] = value
         entries.move_to_end(key)

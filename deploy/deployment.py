@@ -192,7 +192,8 @@ class Deployment:
         proc = self._spawn("deploy.server", [
             "--build", str(build), "--threads", str(d.server_threads), "--max-batch", str(d.max_batch),
             "--max-delay-ms", str(d.max_delay_ms), "--max-queue", str(d.max_queue),
-            "--build-store", str(self.root / "builds"), *(extra or [])],
+            "--build-store", str(self.root / "builds"), "--variant", role, *self.prediction_log_args(),
+            *(extra or [])],
             {"INTENTOPS_API_KEYS": self._secret("internal_key"), "INTENTOPS_API_KEYS_FILE": None,
              # The operator role on the server: reload_stable's hot reloads.
              "INTENTOPS_OPERATOR_KEYS": self._secret("server_operator_key"), "INTENTOPS_OPERATOR_KEYS_FILE": None,
@@ -208,6 +209,19 @@ class Deployment:
         log.info("model server v%s (%s) ready at %s after %.1f s", version, role, proc["url"],
                  proc["cold_start_s"])
         return proc
+
+    @property
+    def prediction_log(self) -> Path:
+        """The prediction log every replica of this deployment shares (deploy.predlog)."""
+        return self.cfg.lake / "predictions" / "predictions.db"
+
+    def prediction_log_args(self) -> list[str]:
+        d = self.d
+        if not d.prediction_log:
+            return []
+        return ["--prediction-log", str(self.prediction_log), "--prediction-log-sample", str(d.prediction_log_sample),
+                "--prediction-log-days", str(d.prediction_log_days),
+                "--prediction-log-max-rows", str(d.prediction_log_max_rows)]
 
     # -- replicas of the stable variant ---------------------------------------------------
 

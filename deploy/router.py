@@ -9,6 +9,10 @@
   one way as it grows). The answer carries ``X-Variant: stable|canary``.
 * A canary answer of 5xx, a timeout or a refused connection is retried on stable, so
   clients never see the canary's failures; the failure still counts against the canary.
+* ``POST /v1/feedback`` (the true label of a prediction, ``deploy.predlog``) is forwarded
+  to a stable replica (the canary's when there is no stable): the replicas share one
+  prediction log, so any of them finds a prediction whichever variant answered it. Client
+  and operator keys may send it.
 * Shadow mode mirrors a share of the stable-served requests to the canary after the
   client has its answer; the canary's answer is dropped, and only whether it agreed with
   stable's labels is kept.
@@ -349,6 +353,29 @@ class Router:
             self.metrics.latency.labels(variant).observe(dt)
         return status, content
 
+    async def feedback(self, body: bytes, actor: str) -> tuple[int, bytes]:
+        """A feedback on a stable replica (the canary's without one), retried on another
+        replica like a prediction; not counted in the prediction stats. Status 0: none answered."""
+        assert self.client is not None
+        variant = "stable" if self.pools.usable_count("stable") else "canary"
+        tried: set[str] = set()
+        status, content = 0, b""
+        while (replica := self.pools.pick(variant, tried)) is not None:
+            tried.add(replica.url)
+            self.pools.started(replica)
+            try:
+                async with self.client.post(f"{replica.url}/v1/feedback", data=body, headers={
+                        "content-type": "application/json", "x-intentops-actor": actor,
+                        "authorization": f"Bearer {self.cfg.upstream_key}"}) as resp:
+                    status, content = resp.status, await resp.read()
+            except (aiohttp.ClientError, TimeoutError):
+                status, content = 0, b""
+            finally:
+                self.pools.finished(replica, status)
+            if status not in RETRY_STATUSES:
+                break
+        return status, content
+
     async def mirror(self, body: bytes, stable_answer: bytes) -> None:
         routes = self.routes
         try:
@@ -482,6 +509,29 @@ def create_app(router: Router) -> FastAPI:
         finally:
             router.inflight -= 1
             router.metrics.inflight.set(router.inflight)
+
+    async def client_or_operator(request: Request) -> None:
+        if not router.cfg.api_keys:  # an open router, like /v1/predict
+            return
+        found = role(presented_key(request))
+        if found is None:
+            raise HTTPException(401, "missing or unknown API key", headers={"WWW-Authenticate": "Bearer"})
+        if found not in ("client", "operator"):
+            raise HTTPException(403, f"a {found} key may not send feedback (client and operator keys may)")
+
+    @app.post("/v1/feedback", dependencies=[Depends(client_or_operator)],
+              summary="The true label of a prediction (same body and answer as the model server's /v1/feedback)")
+    async def feedback(request: Request) -> Response:
+        routes = router.routes
+        if routes.stable is None and routes.canary is None:
+            return answer(503, b'{"detail": "no model deployed"}', "none")
+        key = presented_key(request)
+        status, content = await router.feedback(await request.body(), key_actor(key) if key else "")
+        if status == 0:
+            router.metrics.client.labels("503").inc()
+            raise HTTPException(503, "no replica is available", headers={"Retry-After": "1"})
+        router.metrics.client.labels(str(status)).inc()
+        return Response(content, status_code=status, media_type="application/json")
 
     @app.get("/health/live")
     async def live() -> dict[str, str]:

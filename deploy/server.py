@@ -20,6 +20,12 @@
   similar token length run together (``predict_by_length``). The queue is bounded; when it
   is full the server answers 503 with ``Retry-After`` at once instead of letting latency
   grow without bound.
+* With ``--prediction-log FILE`` (``deploy.predlog``), each request (or a sampled share)
+  is logged by the batch worker with its masked text, label, confidence, out-of-scope
+  flag, model version and latency; each logged prediction carries a ``prediction_id``.
+  ``POST /v1/feedback`` with ``{"prediction_id", "label"}`` (client or operator key) stores
+  the true label: 404 for an unknown id, 422 for a label outside the model's label set.
+  ``/metrics`` then reports ``intentops_live_accuracy{model_version}`` over the feedback.
 * ``/health/live`` (the process answers), ``/health/ready`` (a model is loaded and has
   answered a warm-up batch), ``/metrics`` (Prometheus: requests and errors by status,
   latency and batch-size histograms, queue depth in requests, the loaded model version).
@@ -48,7 +54,10 @@ import json
 import logging
 import os
 import random
+import re
+import threading
 import time
+import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -101,6 +110,14 @@ class ServerConfig:
     # /admin/reload of a build folder: only from inside this folder (the deployment's
     # builds/, filled from the registry); None refuses build-folder reloads.
     build_store: Path | None = None
+    # The prediction log (deploy.predlog): the SQLite file every replica of a deployment
+    # shares (None: off), the share of requests logged, and its retention.
+    prediction_log: Path | None = None
+    prediction_log_sample: float = 1.0
+    prediction_log_days: float = 30.0
+    prediction_log_max_rows: int = 1_000_000
+    retention_interval_s: float = 600.0
+    variant: str = ""  # who answered, in the log: the deployment's role of this server (stable, canary, ...)
 
 
 def load_api_keys(env: dict[str, str] | None = None, var: str = "INTENTOPS_API_KEYS") -> list[str]:
@@ -203,11 +220,19 @@ class Prediction(BaseModel):
     score: float = Field(description="the model's confidence in its top intent (max softmax)")
     oos: bool = Field(description="out of scope: below the build's reject threshold, or the out-of-scope label")
     abstain: bool = Field(False, description="no label: out of scope and the label set has no out-of-scope label")
+    prediction_id: str | None = Field(None, description="the id to send feedback for (POST /v1/feedback); "
+                                      "null when this request was not logged")
 
 
 class PredictResponse(BaseModel):
     model_version: str
     predictions: list[Prediction]
+
+
+class FeedbackRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    prediction_id: str = Field(max_length=64, description="a prediction_id from a /v1/predict answer")
+    label: str = Field(max_length=200, description="the true intent: one of the model's label names")
 
 
 class ReloadRequest(BaseModel):
@@ -292,6 +317,21 @@ class Metrics:
         self.queue = Gauge("intentops_queue_depth", "requests waiting for a batch", registry=self.registry)
         self.version = Gauge("intentops_model_info", "the loaded model version (value 1)",
                              ["version"], registry=self.registry)
+        self.live_accuracy = Gauge("intentops_live_accuracy", "accuracy over the feedback in the prediction log "
+                                   "(shared by the deployment's replicas), by model version",
+                                   ["model_version"], registry=self.registry)
+        self.live_feedback = Gauge("intentops_live_feedback", "feedback rows in the prediction log by model version",
+                                   ["model_version"], registry=self.registry)
+        self.feedback = Counter("intentops_feedback_total", "feedback received by this server, by outcome",
+                                ["outcome"], registry=self.registry)
+        self.logged = Counter("intentops_predictions_logged_total", "predictions queued for the prediction log",
+                              registry=self.registry)
+        self.log_dropped = Gauge("intentops_prediction_log_dropped", "predictions the log writer dropped or "
+                                 "failed to write (the disk could not keep up)", registry=self.registry)
+
+
+PREDICTION_ID = re.compile(r"[0-9a-f]{32}")  # uuid4 hex
+ACTOR = re.compile(r"key:[0-9a-f]{12}")  # a key_actor fingerprint
 
 
 # A sub-batch ends where its padding would pass this share of its real tokens.
@@ -334,18 +374,28 @@ def predict_by_length(clf: OnnxClassifier, texts: Sequence[str]) -> np.ndarray:
 def answer(model: LoadedModel, texts: Sequence[str], poison: str = "") -> list[dict[str, Any]]:
     """What the batch worker runs: preprocess each text as the training data was, predict,
     apply the reject rule."""
+    return answer_masked(model, texts, poison)[1]
+
+
+def answer_masked(model: LoadedModel, texts: Sequence[str],
+                  poison: str = "") -> tuple[list[str] | None, list[dict[str, Any]]]:
+    """``answer``, with the masked texts the model saw (None when serving unmasked: raw text
+    is never handed on)."""
     if poison and any(poison in t for t in texts):
         raise RuntimeError("injected poison text")
+    masked = None
     if model.preprocess is not None:
-        texts = [model.preprocess(t) for t in texts]
+        texts = masked = [model.preprocess(t) for t in texts]
     probs = predict_by_length(model.classifier, texts)
-    return reject.decide(probs, model.classifier.labels, model.rule)
+    return masked, reject.decide(probs, model.classifier.labels, model.rule)
 
 
 @dataclass
 class _Job:
     texts: list[str]
     future: asyncio.Future
+    t0: float = 0.0  # perf_counter at submit: the logged latency is queue wait and model
+    logged: bool = False  # sampled into the prediction log
 
 
 class Batcher:
@@ -358,7 +408,10 @@ class Batcher:
 
     def submit(self, texts: list[str]) -> asyncio.Future:
         fut = asyncio.get_running_loop().create_future()
-        self.queue.put_nowait(_Job(texts, fut))  # QueueFull -> 503 in the handler
+        cfg = self.server.cfg
+        logged = self.server.predlog is not None and (
+            cfg.prediction_log_sample >= 1 or random.random() < cfg.prediction_log_sample)
+        self.queue.put_nowait(_Job(texts, fut, time.perf_counter(), logged))  # QueueFull -> 503 in the handler
         self.server.metrics.queue.set(self.queue.qsize())
         return fut
 
@@ -404,26 +457,54 @@ class Batcher:
             texts = [t for j in jobs for t in j.texts]
             self.server.metrics.batch.observe(len(texts))
             try:
-                answers = await asyncio.to_thread(answer, model, texts, self.server.cfg.inject_poison)
+                masked, answers = await asyncio.to_thread(answer_masked, model, texts, self.server.cfg.inject_poison)
             except Exception:  # noqa: BLE001 - one request's rows must not fail its neighbours
                 # Each request of the batch again on its own: only the one that still fails
                 # is answered 500.
                 for j in jobs:
                     try:
-                        mine = await asyncio.to_thread(answer, model, j.texts, self.server.cfg.inject_poison)
+                        mine_masked, mine = await asyncio.to_thread(answer_masked, model, j.texts,
+                                                                    self.server.cfg.inject_poison)
                     except Exception as exc:  # noqa: BLE001
                         if not j.future.done():
                             j.future.set_exception(exc)
                     else:
+                        self.log([j], model.version, mine_masked, mine)
                         if not j.future.done():
                             j.future.set_result((model.version, mine))
                 continue
+            self.log(jobs, model.version, masked, answers)
             i = 0
             for j in jobs:
                 k = len(j.texts)
                 if not j.future.done():
                     j.future.set_result((model.version, answers[i : i + k]))
                 i += k
+
+    def log(self, jobs: list[_Job], version: str, masked: list[str] | None, answers: list[dict[str, Any]]) -> None:
+        """Give each answer of the sampled requests a prediction id and queue their rows for
+        the prediction log: one queue item per micro-batch, written by the log's thread."""
+        writer = self.server.predlog
+        if writer is None:
+            return
+        now, t = time.time(), time.perf_counter()
+        variant = self.server.cfg.variant
+        rows, i = [], 0
+        for j in jobs:
+            k = len(j.texts)
+            if j.logged:
+                latency = round((t - j.t0) * 1000, 3)
+                for r in range(i, i + k):
+                    a = answers[r]
+                    a["prediction_id"] = pid = uuid.uuid4().hex
+                    rows.append((pid, now, masked[r] if masked is not None else None, a["label"], a["score"],
+                                 int(a["oos"]), int(a.get("abstain", False)), version, latency, variant))
+            i += k
+        if rows and writer.put(rows):
+            self.server.metrics.logged.inc(len(rows))
+        elif rows:  # dropped: the ids would point at nothing
+            for a in answers:
+                a.pop("prediction_id", None)
 
 
 def process_start_time() -> float:
@@ -445,8 +526,45 @@ class ModelServer:
         self.ready = False
         self.started_at = process_start_time()
         self.cold_start_s: float | None = None  # process start to first ready
+        self.predlog = None  # deploy.predlog.Writer when the prediction log is on
+        self._log_con = None  # the feedback handler's and /metrics' connection (under _log_lock)
+        self._log_lock = threading.Lock()
+        if cfg.prediction_log is not None:
+            from deploy import predlog
+
+            self.predlog = predlog.Writer(cfg.prediction_log)
+            self._log_con = predlog.connect(cfg.prediction_log)
         self.batcher = Batcher(self)
         self._reload_lock = asyncio.Lock()
+
+    def with_log(self, fn, *args):
+        """Run ``fn(connection, *args)`` on the log connection (call it in a thread)."""
+        with self._log_lock:
+            return fn(self._log_con, *args)
+
+    def refresh_accuracy(self) -> None:
+        from deploy import predlog
+
+        acc = self.with_log(predlog.accuracy)
+        self.metrics.live_accuracy.clear()
+        self.metrics.live_feedback.clear()
+        for version, (n, correct) in acc.items():
+            self.metrics.live_accuracy.labels(version).set(correct / n if n else 0.0)
+            self.metrics.live_feedback.labels(version).set(n)
+        self.metrics.log_dropped.set(self.predlog.dropped if self.predlog else 0)
+
+    async def retention_loop(self) -> None:
+        from deploy import predlog
+
+        while True:
+            try:
+                n = await asyncio.to_thread(self.with_log, predlog.retain, self.cfg.prediction_log_days,
+                                            self.cfg.prediction_log_max_rows)
+                if n:
+                    log.info("prediction log retention: %d rows deleted", n)
+            except Exception:  # noqa: BLE001 - retention failing must not stop serving
+                log.exception("prediction log retention failed")
+            await asyncio.sleep(self.cfg.retention_interval_s)
 
     def load(self, folder: Path, version: str, source: str) -> LoadedModel:
         clf = OnnxClassifier(folder, threads=self.cfg.threads)
@@ -481,8 +599,13 @@ def create_app(server: ModelServer, initial: tuple[Path, str, str] | None = None
         if initial is not None:
             server.swap(await asyncio.to_thread(server.load, *initial))
         server.batcher.task = asyncio.create_task(server.batcher.run())
+        retention = asyncio.create_task(server.retention_loop()) if server.predlog is not None else None
         yield
         server.batcher.task.cancel()
+        if retention is not None:
+            retention.cancel()
+        if server.predlog is not None:
+            await asyncio.to_thread(server.predlog.close)
 
     app = FastAPI(title="intentops model server", version="1", lifespan=lifespan)
     app.add_middleware(BodyLimit, limit=server.cfg.max_body_bytes)
@@ -550,6 +673,45 @@ def create_app(server: ModelServer, initial: tuple[Path, str, str] | None = None
         finally:
             server.metrics.latency.observe(time.perf_counter() - t0)
 
+    @app.post("/v1/feedback", dependencies=[Depends(auth)])
+    async def feedback(req: FeedbackRequest, request: Request) -> dict[str, Any]:
+        """The true label of a logged prediction (client or operator key). The label must be
+        one of the model's label names: feedback carries no free text into the log."""
+        from deploy import predlog
+
+        if server.predlog is None:
+            raise HTTPException(404, "unknown prediction id (this server keeps no prediction log)")
+        model = server.model
+        if model is None:
+            raise HTTPException(503, "no model loaded yet", headers={"Retry-After": "1"})
+        labels = set(model.classifier.labels) | ({model.rule.oos_label} if model.rule.oos_label else set())
+        if req.label not in labels:  # never echoed: it could be anything a client typed
+            raise HTTPException(422, "label is not one of the model's labels")
+        if not PREDICTION_ID.fullmatch(req.prediction_id):
+            raise HTTPException(404, "unknown prediction id")
+        found = await asyncio.to_thread(server.with_log, predlog.lookup, req.prediction_id)
+        if found is None:
+            # Just answered, maybe not committed yet: by this server's writer (flush it) or
+            # another replica's (their writers commit within milliseconds; wait a little).
+            await asyncio.to_thread(server.predlog.flush, 2.0)
+            for _ in range(10):
+                found = await asyncio.to_thread(server.with_log, predlog.lookup, req.prediction_id)
+                if found is not None:
+                    break
+                await asyncio.sleep(0.05)
+        if found is None:
+            raise HTTPException(404, "unknown prediction id")
+        predicted, version = found
+        who = key_actor(presented_key(request)) if not open_server else "anonymous"
+        forwarded = request.headers.get("x-intentops-actor", "")
+        if ACTOR.fullmatch(forwarded):  # the router's client, by key fingerprint
+            who = f"{forwarded} via {who}"
+        correct = await asyncio.to_thread(server.with_log, predlog.record_feedback, req.prediction_id,
+                                          req.label, predicted, version, who)
+        server.metrics.feedback.labels("correct" if correct else "wrong").inc()
+        return {"status": "recorded", "prediction_id": req.prediction_id, "model_version": version,
+                "correct": correct}
+
     @app.exception_handler(RequestValidationError)
     async def _invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
         # FastAPI echoes the offending input by default; a message may be personal data.
@@ -577,6 +739,12 @@ def create_app(server: ModelServer, initial: tuple[Path, str, str] | None = None
     @app.get("/metrics")
     async def metrics() -> PlainTextResponse:
         from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+        if server.predlog is not None:
+            try:
+                await asyncio.to_thread(server.refresh_accuracy)
+            except Exception:  # noqa: BLE001 - the other metrics still answer
+                log.exception("live accuracy from the prediction log failed")
 
         return PlainTextResponse(generate_latest(server.metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
@@ -649,7 +817,18 @@ def main(argv: list[str] | None = None) -> int:
                     help="serve a build whose training text was masked by another PII-detector version")
     ap.add_argument("--unsafe-no-masking", action="store_true",
                     help="benchmarks only: do not mask requests (the model sees raw personal data)")
+    ap.add_argument("--prediction-log", help="the prediction log's SQLite file (shared by a deployment's "
+                    "replicas; off when absent)")
+    ap.add_argument("--prediction-log-sample", type=float, default=1.0,
+                    help="the share of requests logged (0 to 1)")
+    ap.add_argument("--prediction-log-days", type=float, default=30.0, help="log rows kept this many days")
+    ap.add_argument("--prediction-log-max-rows", type=int, default=1_000_000, help="and at most this many")
+    ap.add_argument("--variant", default="", help="who answered, as the prediction log records it")
     args = ap.parse_args(argv)
+    if args.prediction_log and args.unsafe_no_masking:
+        ap.error("--prediction-log with --unsafe-no-masking: the log holds masked text only")
+    if not 0.0 <= args.prediction_log_sample <= 1.0:
+        ap.error("--prediction-log-sample must be within [0, 1]")
     keys = load_api_keys()
     operators = load_api_keys(var="INTENTOPS_OPERATOR_KEYS")
     if not keys and not args.no_auth:
@@ -661,6 +840,10 @@ def main(argv: list[str] | None = None) -> int:
                        max_body_bytes=args.max_body_bytes,
                        build_store=Path(args.build_store) if args.build_store else None,
                        unsafe_no_masking=args.unsafe_no_masking,
+                       prediction_log=Path(args.prediction_log) if args.prediction_log else None,
+                       prediction_log_sample=args.prediction_log_sample,
+                       prediction_log_days=args.prediction_log_days,
+                       prediction_log_max_rows=args.prediction_log_max_rows, variant=args.variant,
                        pseudonym_key=os.environ.get("INTENTOPS_PSEUDONYM_KEY", "").encode() or None)
     folder, version = resolve_source(args.build, args.model_uri, Path(tempfile.mkdtemp(prefix="intentops-serve-")))
     server = ModelServer(cfg)

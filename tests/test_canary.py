@@ -35,7 +35,7 @@ def registry(mlflow_server, exported, trained, tmp_path_factory):
 
     def cfg(**over):
         return load_config(overrides={"training.registered_model": name, "tracking.uri": mlflow_server,
-                                      "deploy.root": str(base / "deploy"),
+                                      "deploy.root": str(base / "deploy"), "lake_root": str(base / "lake"),
                                       "deploy.router_port": 0, "deploy.steps": [25, 100],
                                       "deploy.bake_seconds": 2, "deploy.min_requests": 15,
                                       "deploy.min_probes": 15, "deploy.min_compared": 10,

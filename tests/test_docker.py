@@ -352,7 +352,7 @@ def test_serving_image_runs_with_its_own_packages_only(tmp_path: Path):
                 else:
                     shutil.copy(ROOT / src, target / Path(src).name)
     env = {"PATH": os.environ.get("PATH", ""), "PYTHONPATH": f"{app}{os.pathsep}{site}", "HOME": str(tmp_path)}
-    code = ("import deploy.server, deploy.router, export.runtime, onnxruntime, tokenizers, uvicorn, "
+    code = ("import deploy.server, deploy.router, deploy.predlog, export.runtime, onnxruntime, tokenizers, uvicorn, "
             "yaml, serve_champion, mlflow.artifacts\nfrom mlflow.tracking import MlflowClient\n"
             "import contract.preprocess, contract.reject, pii.detector\n"
             # the image computes the preprocessing version the pipeline records in builds

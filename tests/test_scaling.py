@@ -50,10 +50,10 @@ def _wait(url: str, proc: subprocess.Popen, path: str = "/health/ready") -> None
     raise AssertionError(f"{url} never ready")
 
 
-def server(store: Path, env: dict[str, str], version: str = "1", port: int | None = None):
+def server(store: Path, env: dict[str, str], version: str = "1", port: int | None = None, *extra: str):
     port = port or _free_port()
     proc = subprocess.Popen([sys.executable, "-m", "deploy.server", "--build", str(store / f"v{version}"),
-                             "--build-store", str(store), "--port", str(port), "--max-delay-ms", "2"],
+                             "--build-store", str(store), "--port", str(port), "--max-delay-ms", "2", *extra],
                             env=dict(env, INTENTOPS_API_KEYS=INTERNAL, INTENTOPS_OPERATOR_KEYS=OPERATOR), cwd=ROOT,
                             stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT, start_new_session=True)
     url = f"http://127.0.0.1:{port}"
@@ -160,8 +160,9 @@ def test_two_replicas_share_load_and_a_killed_one_costs_no_request(store, projec
         stop(rp, p1, p2)
 
 
-def test_cache_answers_repeats_per_variant_and_empties_on_a_new_version(store, project_env):
-    (p1, s1), (p3, s3) = server(store, project_env), server(store, project_env)
+def test_cache_answers_repeats_per_variant_and_empties_on_a_new_version(store, project_env, tmp_path):
+    (p1, s1) = server(store, project_env, "1", None, "--prediction-log", str(tmp_path / "predictions.db"))
+    (p3, s3) = server(store, project_env)
     rp, url = router(project_env, [s1], "--cache-size", "100")
     try:
         deadline = time.time() + 20
@@ -175,7 +176,12 @@ def test_cache_answers_repeats_per_variant_and_empties_on_a_new_version(store, p
                                 headers=H)
         assert first.headers["x-cache"] == "miss" and again.headers["x-cache"] == "hit"
         assert other_name.headers["x-cache"] == "hit"  # masked alike: one entry
-        assert again.content == first.content == other_name.content
+        assert again.json() == other_name.json()
+        # The same answer, but a replay carries no prediction id (nothing was logged for it).
+        strip = [{k: v for k, v in p.items() if k != "prediction_id"} for p in first.json()["predictions"]]
+        assert [{k: v for k, v in p.items() if k != "prediction_id"} for p in again.json()["predictions"]] == strip
+        assert first.json()["predictions"][0]["prediction_id"]  # the model's answer was logged
+        assert all(p.get("prediction_id") is None for p in again.json()["predictions"])
         several = httpx.post(f"{url}/v1/predict", json={"texts": ["a", "b"]}, headers=H)
         assert several.status_code == 200 and several.headers["x-cache"] == "miss"  # only single texts
         metrics = httpx.get(f"{url}/metrics").text
@@ -216,7 +222,8 @@ def test_autoscaler_adds_a_replica_under_load_and_removes_it_after(store, projec
     for k, v in project_env.items():
         monkeypatch.setenv(k, v)
     cfg = load_config(overrides={
-        "deploy.root": str(tmp_path / "deploy"), "deploy.router_port": 0, "deploy.max_delay_ms": 2,
+        "deploy.root": str(tmp_path / "deploy"), "lake_root": str(tmp_path / "lake"),
+        "deploy.router_port": 0, "deploy.max_delay_ms": 2,
         "deploy.autoscale.min_replicas": 1, "deploy.autoscale.max_replicas": 2,
         "deploy.autoscale.interval_seconds": 0.5, "deploy.autoscale.target_outstanding": 2,
         "deploy.autoscale.low_outstanding": 1, "deploy.autoscale.max_p99_ms": 60000,
@@ -247,6 +254,13 @@ def test_autoscaler_adds_a_replica_under_load_and_removes_it_after(store, projec
         assert len(scraped) == 2 and all(g["labels"]["variant"] == "stable" for g in scraped)
         assert grown["stable_extras"][0]["cold_start_s"] > 0
         assert len(statuses) > 20 and set(statuses) == {200}, {s: statuses.count(s) for s in set(statuses)}
+        # Both replicas write the deployment's one prediction log, in the dataset's lake.
+        from deploy import predlog
+
+        assert dep.prediction_log == tmp_path / "lake" / cfg.dataset / "predictions" / "predictions.db"
+        time.sleep(0.5)  # the writer threads commit just after answering
+        variants = {r["variant"] for r in predlog.recent(dep.prediction_log)}
+        assert "stable" in variants and len(variants) == 2, variants
 
         deadline = time.time() + 90
         while time.time() < deadline and dep.status()["replicas"]["stable"] > 1:

@@ -193,7 +193,8 @@ def test_serving_modules_import_no_pipeline_code():
     beyond the build's contract (its preprocessing: the normalization and the PII detector)
     and the audit log and secret files (``core.audit``, ``core.secretfiles``: standard
     library only)."""
-    for rel in ("deploy/server.py", "deploy/router.py", "deploy/pool.py", "deploy/cache.py", "export/runtime.py"):
+    for rel in ("deploy/server.py", "deploy/router.py", "deploy/pool.py", "deploy/cache.py", "deploy/predlog.py",
+                "export/runtime.py"):
         assert _project_imports(ROOT / rel) <= {"export", "deploy", "contract", "core"}, rel
         core_modules = {n for n in _dotted_imports(ROOT / rel) if n.split(".")[0] == "core"}
         assert core_modules <= {"core", "core.audit", "core.secretfiles", "core.sysinfo"}, (rel, core_modules)
