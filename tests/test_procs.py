@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import time
 
 from core import procs
 
@@ -53,8 +54,15 @@ def test_a_reused_pid_is_not_the_recorded_process():
 
 
 def test_records_without_a_start_time_fall_back_to_the_module_name():
+    import psutil
+
     p = _child()
     try:
+        # Until the child has exec'd, /proc shows the parent's command line (a busy host
+        # once caught it there).
+        deadline = time.time() + 10
+        while time.time() < deadline and "time.sleep" not in " ".join(psutil.Process(p.pid).cmdline()):
+            time.sleep(0.01)
         assert procs.alive({"pid": p.pid, "module": "time.sleep"})
         assert not procs.alive({"pid": p.pid, "module": "deploy.server"})
     finally:

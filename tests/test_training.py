@@ -100,7 +100,10 @@ def metrics(out: Path) -> dict[str, Any]:
 
 @pytest.fixture
 def env(project_env: dict[str, str]) -> dict[str, str]:
-    return {k: v for k, v in project_env.items() if not k.startswith("MLFLOW_")}
+    """No MLflow tracking URI (training logs nowhere unless a test gives one); the
+    registry user's credentials stay, for the tests that do."""
+    return {k: v for k, v in project_env.items()
+            if not k.startswith("MLFLOW_") or k in ("MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD")}
 
 
 # --------------------------------------------------------------------------- torchrun
