@@ -8,14 +8,13 @@ reader sees the old file or the new one, never a half-written or world-readable 
 
 from __future__ import annotations
 
-import contextlib
 import os
 import secrets
 from pathlib import Path
 
 
-def write_private(path: Path, text: str) -> None:
-    path = Path(path)
+def _temp_with(path: Path, text: str) -> Path:
+    """A complete, fsynced file of mode 0600 beside ``path``, under a temporary name."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{secrets.token_hex(4)}.tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
@@ -24,10 +23,18 @@ def write_private(path: Path, text: str) -> None:
             fh.write(text)
             fh.flush()
             os.fsync(fh.fileno())
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    return tmp
+
+
+def write_private(path: Path, text: str) -> None:
+    tmp = _temp_with(Path(path), text)
+    try:
         os.replace(tmp, path)
     except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            tmp.unlink()
+        tmp.unlink(missing_ok=True)
         raise
 
 
@@ -36,18 +43,11 @@ def create_private(path: Path, text: str) -> bool:
     processes creating the same secret at once end with one value, the first one's, and
     nobody reads a half-written file (the complete file is hard-linked into place)."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{secrets.token_hex(4)}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    tmp = _temp_with(path, text)
     try:
-        with os.fdopen(fd, "w") as fh:
-            fh.write(text)
-            fh.flush()
-            os.fsync(fh.fileno())
         os.link(tmp, path)
         return True
     except FileExistsError:
         return False
     finally:
-        with contextlib.suppress(FileNotFoundError):
-            tmp.unlink()
+        tmp.unlink(missing_ok=True)
