@@ -7,7 +7,9 @@ one Banking77 test message per request in the same order for both, closed loop,
 contenders take turns and rotate between repeats, medians over repeats):
 
 * ``predlog``: ``deploy.router`` -> ``deploy.server --prediction-log <db>`` logging every
-  request (sample 1.0: the worst case);
+  request (sample 1.0: the worst case), with both ``/metrics`` endpoints scraped every
+  ``--scrape-interval`` seconds while it is measured (default 1 s: fifteen times as often
+  as the Prometheus configuration ``make up`` writes);
 * ``no_log``: the same two processes without a prediction log.
 
 The log's rows are counted after the run (every answered request of ``predlog`` must be
@@ -48,6 +50,11 @@ def main() -> None:
     ap.add_argument("--warmup-seconds", type=float, default=3)
     ap.add_argument("--threads", type=int, default=0, help="thread budget of every server (0: every core)")
     ap.add_argument("--base-port", type=int, default=8590)
+    ap.add_argument("--allow-preprocessing-drift", action="store_true",
+                    help="serve a build whose preprocessing version differs from this checkout's "
+                         "(both contenders alike; the throughput is unaffected)")
+    ap.add_argument("--scrape-interval", type=float, default=1.0,
+                    help="seconds between scrapes of predlog's /metrics endpoints (0: no scraping)")
     ap.add_argument("--work", default=None, help="scratch folder (default: <tmp>/servebench-predlog)")
     ap.add_argument("--out", default="benchmarks/results/serving_predlog.json")
     args = ap.parse_args()
@@ -95,18 +102,22 @@ def main() -> None:
     p = args.base_port
     procs: list[subprocess.Popen] = []
     contenders: list[Contender] = []
+    scrape_urls: dict[str, list[str]] = {}
     try:
         for i, (name, extra) in enumerate((("predlog", ["--prediction-log", str(db), "--variant", "bench"]),
                                            ("no_log", []))):
             sp, rp = p + 2 * i, p + 2 * i + 1
             server = start([sys.executable, "-m", "deploy.server", "--build", str(build), "--port", str(sp),
-                            "--threads", str(threads), *extra], dict(base_env, INTENTOPS_API_KEYS=UPSTREAM_KEY),
+                            "--threads", str(threads), *extra,
+                            *(["--allow-preprocessing-drift"] if args.allow_preprocessing_drift else [])], dict(base_env, INTENTOPS_API_KEYS=UPSTREAM_KEY),
                            logs / f"{name}-server.log", ROOT)
             router = start([sys.executable, "-m", "deploy.router", "--stable", f"http://127.0.0.1:{sp}",
                             "--port", str(rp)],
                            dict(base_env, INTENTOPS_API_KEYS=CLIENT_KEY, INTENTOPS_UPSTREAM_KEY=UPSTREAM_KEY),
                            logs / f"{name}-router.log", ROOT)
             procs += [server, router]
+            if name == "predlog":
+                scrape_urls[name] = [f"http://127.0.0.1:{sp}/metrics", f"http://127.0.0.1:{rp}/metrics"]
             wait_ready(f"http://127.0.0.1:{sp}/health/ready", server, logs / f"{name}-server.log")
             wait_ready(f"http://127.0.0.1:{rp}/health/ready", router, logs / f"{name}-router.log")
             contenders.append(Contender(name, f"http://127.0.0.1:{rp}", "/v1/predict", {"X-API-Key": CLIENT_KEY},
@@ -120,7 +131,10 @@ def main() -> None:
                 k = r % len(contenders)
                 for c in contenders[k:] + contenders[:k]:
                     idle = [pid for o in contenders if o is not c for pid in o.pids]
-                    res = measured(c, idle, texts, conc, args.seconds, "wrk", work)
+                    urls = scrape_urls.get(c.name, []) if args.scrape_interval > 0 else []
+                    with Scraper(urls, args.scrape_interval) as scraper:
+                        res = measured(c, idle, texts, conc, args.seconds, "wrk", work)
+                    res["scrapes"] = scraper.count
                     res["settle_s"] = settle(c.pids)
                     runs[c.name].setdefault(conc, []).append(res)
                     print(f"c={conc} repeat {r + 1}/{args.repeats} {c.name}: {res['requests_per_s']:.1f} req/s, "
@@ -153,12 +167,15 @@ def main() -> None:
         "build": {"folder": build.name, **{k: pre.get(k) for k in ("status", "quantization", "model_version")},
                   "masking": (pre.get("text_preprocessing") or {}).get("pii_mode")},
         "contenders": {
-            "predlog": "deploy.router -> deploy.server --prediction-log (every request logged)",
+            "predlog": "deploy.router -> deploy.server --prediction-log (every request logged), "
+                       f"both /metrics scraped every {args.scrape_interval} s while measured",
             "no_log": "the same two processes without a prediction log",
         },
         # Rows in the log against predictions answered while measured; the warm-up's rows
         # are in the log too, so logged >= answered when nothing was dropped.
         "log": {"rows": logged, "answered_while_measured": answered},
+        "scrape_interval_s": args.scrape_interval,
+        "allow_preprocessing_drift": args.allow_preprocessing_drift,
         "threads": threads, "loadgen": "wrk", "seconds": args.seconds, "repeats": args.repeats,
         "hardware": hardware(threads), "levels": levels, "ratios": ratios,
         "targets": targets, "all_targets_passed": all(t["passed"] for t in targets.values()), "table": table,
@@ -166,6 +183,37 @@ def main() -> None:
     print()
     print(table)
     print(json.dumps(ratios, indent=1), f"\nlogged {logged} rows, answered {answered} while measured")
+
+
+class Scraper:
+    """Fetches each URL every ``interval`` seconds on a thread while the block runs, as
+    Prometheus would (``count``: scrapes answered with 200)."""
+
+    def __init__(self, urls: list[str], interval: float) -> None:
+        import threading
+
+        self.urls, self.interval, self.count = urls, interval, 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        import urllib.request
+
+        while not self._stop.wait(self.interval):
+            for url in self.urls:
+                with urllib.request.urlopen(url, timeout=5) as r:
+                    r.read()
+                    self.count += r.status == 200
+
+    def __enter__(self) -> "Scraper":
+        if self.urls:
+            self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        if self.urls:
+            self._thread.join()
 
 
 if __name__ == "__main__":
