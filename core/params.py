@@ -115,9 +115,15 @@ def form() -> dict[str, dict[str, Any]]:
     return {CONFIG_FILE: dict(CONFIG_FILE_ENTRY)} | {alias: form_entry(alias) for alias in ALIASES}
 
 
+# What started a run, carried in its conf beside the settings and changing none of them:
+# the alert receiver (ops/monitoring/receiver.py) puts the alert that triggered a run here.
+RUN_INFO = ("trigger_alert",)
+
+
 def overrides(conf: dict[str, Any]) -> dict[str, Any]:
     """Config overrides (dotted keys) from a run's params: unknown names fail, empty values
-    keep the configured value."""
+    keep the configured value, ``RUN_INFO`` keys are not settings."""
+    conf = {k: v for k, v in conf.items() if k not in RUN_INFO}
     unknown = sorted(set(conf) - set(ALIASES) - {CONFIG_FILE})
     if unknown:
         raise ParamError(f"unknown trigger settings {unknown}; the form has "

@@ -1,10 +1,16 @@
-"""Metrics of short-lived processes, pushed to the Prometheus Pushgateway.
+"""Metrics of short-lived processes, pushed to the Prometheus Pushgateway or sent over StatsD.
 
 Training (throughput, step time, loss, CPU, memory, and GPU utilization and memory through
 NVML where a GPU exists), the pipeline (a run failed or succeeded, task durations) and
 the deployment (when the champion was promoted) are not scraped: they push here when
 ``INTENTOPS_PUSHGATEWAY_URL`` is set (``make up`` sets it for Airflow's tasks). A push that
 fails is logged and dropped: monitoring being down never stops a run.
+
+Each stage's duration and outcome (published, cache hit, failed) goes over StatsD instead
+(``stage``), to the bridge ``make up`` starts (``ops/monitoring/statsd_bridge.py``) when
+``INTENTOPS_STATSD_ADDR`` (``host:port``) is set: counters must outlive the task that
+counts, which a Pushgateway group replaced at every push cannot do, and Airflow's own task
+metrics arrive at the same bridge. UDP: a send never waits and never fails a stage.
 """
 
 from __future__ import annotations
@@ -50,6 +56,42 @@ def push(job: str, grouping: dict[str, str], gauges: dict[str, tuple[float, str]
     except Exception as exc:  # monitoring down: log and go on
         log.warning("push to the Pushgateway at %s failed: %s", url, exc)
         return False
+
+
+def statsd_addr() -> tuple[str, int] | None:
+    addr = os.environ.get("INTENTOPS_STATSD_ADDR") or ""
+    host, _, port = addr.rpartition(":")
+    return (host, int(port)) if host and port.isdigit() else None
+
+
+def send_statsd(lines: list[str]) -> bool:
+    """Send StatsD lines in one datagram to ``INTENTOPS_STATSD_ADDR``; False when unset or
+    the send failed (logged)."""
+    addr = statsd_addr()
+    if not addr or not lines:
+        return False
+    import socket
+
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+            sock.sendto("\n".join(lines).encode(), addr)
+        return True
+    except OSError as exc:
+        log.warning("StatsD send to %s:%d failed: %s", *addr, exc)
+        return False
+
+
+def _tag(value: str) -> str:
+    return "".join(c if c not in ",=:|#\n" else "_" for c in value)
+
+
+def stage(stage: str, dataset: str, outcome: str, seconds: float) -> bool:
+    """One stage attempt: ``outcome`` is ``published``, ``cache_hit`` or ``failed``.
+    Becomes ``intentops_stage_runs_total`` and ``intentops_stage_duration_seconds``
+    (a histogram) with the labels ``stage``, ``dataset`` and ``outcome`` at the bridge."""
+    tags = f"stage={_tag(stage)},dataset={_tag(dataset)},outcome={_tag(outcome)}"
+    return send_statsd([f"intentops.stage.runs,{tags}:1|c",
+                        f"intentops.stage.duration,{tags}:{max(seconds, 0.0) * 1000:.3f}|ms"])
 
 
 def _gpu() -> tuple[float | None, float | None]:

@@ -133,12 +133,18 @@ def run_stage(
     ``stats`` (row counts, reasons, ...) goes into the manifest. ``run_id``, when given,
     records a pointer to the output for that pipeline run.
     """
+    from core import (
+        pushmetrics,  # not at the top: the serving image carries this module, not that one
+    )
+
     key = stage_key(stage, inputs, config, code)
     stage_dir = lake / stage
     final = stage_dir / key
+    t0 = time.monotonic()
     if (final / MANIFEST).exists():
         log.info("%s: cache hit %s", stage, final)
         result = StageResult(stage, key, str(final), True, read_manifest(final))
+        pushmetrics.stage(stage, lake.name, "cache_hit", time.monotonic() - t0)
     else:
         stage_dir.mkdir(parents=True, exist_ok=True)
         # Leftovers of killed attempts at this key. Runs of one DAG are serialized
@@ -155,6 +161,7 @@ def run_stage(
         except BaseException:
             meter.stop()
             shutil.rmtree(tmp, ignore_errors=True)
+            pushmetrics.stage(stage, lake.name, "failed", time.monotonic() - t0)
             raise
         resources = meter.stop() | {"bytes_stored": tree_bytes(tmp),
                                     "bytes_read": inputs_bytes(lake, inputs)}
@@ -183,6 +190,7 @@ def run_stage(
             # Another attempt published the same key first: identical by construction.
             shutil.rmtree(tmp, ignore_errors=True)
         log.info("%s: published %s in %.1fs", stage, final, time.time() - started)
+        pushmetrics.stage(stage, lake.name, "published", time.monotonic() - t0)
         result = StageResult(stage, key, str(final), False, read_manifest(final))
     if run_id:
         atomic_write_text(run_pointer(lake, run_id, stage), result.to_json())

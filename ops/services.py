@@ -154,6 +154,7 @@ class Services:
             "MLFLOW_TRACKING_URI": self.mlflow_url,
             **registry_auth.client_env(self.registry_credentials()),  # the pipeline user
             "INTENTOPS_PUSHGATEWAY_URL": self.mon_ports.url("pushgateway"),
+            **self.mon_ports.statsd_env(),
             "PYTHONPATH": os.pathsep.join([str(PROJECT_ROOT), *filter(None, [env.get("PYTHONPATH")])]),
         })
         return env
@@ -251,7 +252,7 @@ class Services:
         self._save(state)
         return {"started": started, **self.describe(state)}
 
-    MONITORING = ("alert_receiver", "pushgateway", "alertmanager", "prometheus")
+    MONITORING = ("alert_receiver", "statsd_bridge", "pushgateway", "alertmanager", "prometheus")
 
     def _monitoring_up(self, state: dict[str, Any], env: dict[str, str]) -> list[str]:
         from ops.monitoring import stack
@@ -318,7 +319,7 @@ class Services:
         return stopped
 
 
-PORT = {"alert_receiver": "receiver"}
+PORT = {"alert_receiver": "receiver", "statsd_bridge": "statsd_http"}
 
 
 def apply_client_credentials(env: dict[str, str] | None = None) -> bool:

@@ -55,7 +55,33 @@ def airflow_env(tmp_path_factory, project_env, mlflow_server):
                    capture_output=True)
     subprocess.run(["airflow", "pools", "set", "intentops_registry", "1", "registry"], env=env,
                    cwd=ROOT, check=True, timeout=300, capture_output=True)
-    return env, base, raw
+    # Airflow's StatsD metrics and the stages' own go to the project's bridge, as under
+    # `make up` (ops/monitoring/stack.py statsd_env).
+    from conftest import _free_port
+
+    from ops.monitoring.stack import MonitoringPorts
+
+    ports = MonitoringPorts(statsd=_free_port(), statsd_http=_free_port())
+    env.update(ports.statsd_env())
+    bridge = subprocess.Popen([sys.executable, "-m", "ops.monitoring.statsd_bridge", "--udp-port", str(ports.statsd),
+                               "--http-port", str(ports.statsd_http)], env=env, cwd=ROOT,
+                              stdout=(base / "statsd-bridge.log").open("w"), stderr=subprocess.STDOUT)
+    env["TEST_STATSD_METRICS_URL"] = f"{ports.url('statsd_http')}/metrics"
+    try:
+        yield env, base, raw
+    finally:
+        bridge.terminate()
+        bridge.wait(timeout=20)
+
+
+def _bridge_metrics(env: dict[str, str]) -> dict[tuple[str, frozenset], float]:
+    """The StatsD bridge's samples: (name, labels) -> value."""
+    import httpx
+    from prometheus_client.parser import text_string_to_metric_families
+
+    text = httpx.get(env["TEST_STATSD_METRICS_URL"], timeout=10).text
+    return {(smp.name, frozenset(smp.labels.items())): smp.value
+            for fam in text_string_to_metric_families(text) for smp in fam.samples}
 
 
 # The small encoder and a step budget keep each DAG run's training to seconds; the
@@ -332,6 +358,22 @@ def test_second_run_is_a_cache_hit_with_unchanged_output(first_run, airflow_env)
     versions = MlflowClient(env["MLFLOW_TRACKING_URI"]).search_model_versions(
         "name='intentops-banking77'")
     assert len(versions) == 1
+    # Both runs' task metrics reached Prometheus's side of the StatsD bridge: every stage
+    # published once and was a cache hit the second time (the stages' own metrics), and
+    # Airflow counted each task's success with its duration.
+    metrics = _bridge_metrics(env)
+
+    def value(name: str, **labels: str) -> float:
+        return sum(v for (n, ls), v in metrics.items() if n == name and set(labels.items()) <= ls)
+
+    for s in second["stages"]:
+        for outcome in ("published", "cache_hit"):
+            assert value("intentops_stage_runs_total", stage=s["stage"], dataset="banking77",
+                         outcome=outcome) >= 1, (s["stage"], outcome, sorted(n for n, _ in metrics))
+        assert value("intentops_stage_duration_seconds_count", stage=s["stage"]) >= 2
+    assert value("airflow_ti_finish_total", dag_id="intentops_pipeline", state="success") >= 2 * len(second["stages"])
+    assert value("airflow_task_duration_seconds_count", dag_id="intentops_pipeline", task_id="train") >= 2
+    assert value("statsd_bridge_bad_lines_total") == 0
 
 
 def test_gate_failure_is_readable_and_quotes_no_data(first_run, airflow_env):

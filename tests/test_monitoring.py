@@ -74,6 +74,55 @@ def _wait_http(url: str, proc: subprocess.Popen, log: Path, timeout: float = 60)
     raise AssertionError(f"{url} not ready; {log.read_text()[-2000:]}")
 
 
+# -- the StatsD bridge ---------------------------------------------------------------------
+
+def test_statsd_bridge_reads_airflows_and_dogstatsd_lines():
+    from ops.monitoring.statsd_bridge import BadLine, parse_line
+
+    s = parse_line("airflow.ti.finish,dag_id=intentops_pipeline,task_id=train,state=success:1|c")
+    assert (s.name, s.kind, s.value, dict(s.labels)) == (
+        "airflow.ti.finish", "c", 1.0, {"dag_id": "intentops_pipeline", "task_id": "train", "state": "success"})
+    s = parse_line("intentops.stage.duration:1500|ms|@0.5|#stage:clean,dataset:banking77")
+    assert (s.kind, s.value, s.rate, dict(s.labels)) == ("ms", 1500.0, 0.5, {"stage": "clean", "dataset": "banking77"})
+    assert parse_line("airflow.pool.open_slots,pool_name=default_pool:-2|g").relative
+    assert parse_line("airflow.executor.running_tasks:3|g").relative is False
+    assert parse_line("x.timer:12|h").kind == "ms"
+    for bad in ("no_value", "x:|c", "x:1", "x:1|q", "x:abc|c", "x:1|c|@2", "x,tag:1|c", "x:nan|g"):
+        with pytest.raises(BadLine):
+            parse_line(bad)
+
+
+def test_statsd_bridge_counts_like_prometheus_and_bounds_its_series():
+    from prometheus_client import CollectorRegistry, generate_latest
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from ops.monitoring.statsd_bridge import Store
+
+    store = Store(max_series=4)
+    store.feed("airflow.ti.finish,dag_id=d,task_id=t,state=success:1|c\n"
+               "airflow.ti.finish,dag_id=d,task_id=t,state=success:1|c|@0.25\n"  # sampled: counts 4
+               "airflow.executor.open_slots:32|g\nairflow.executor.open_slots:-2|g\n"
+               "airflow.dag.duration,dag_id=d:250|ms\nairflow.dag.duration,dag_id=d:90000|ms\n"
+               "garbage line\n\n"
+               "airflow.dagrun.active,dag_id=a:1|s\nairflow.dagrun.active,dag_id=a:1|s\n"
+               "one.too.many:1|c\n")
+    reg = CollectorRegistry()
+    reg.register(store)
+    got = {(smp.name, tuple(sorted(smp.labels.items()))): smp.value
+           for fam in text_string_to_metric_families(generate_latest(reg).decode()) for smp in fam.samples}
+    assert got[("airflow_ti_finish_total", (("dag_id", "d"), ("state", "success"), ("task_id", "t")))] == 5
+    assert got[("airflow_executor_open_slots", ())] == 30
+    assert got[("airflow_dag_duration_seconds_count", (("dag_id", "d"),))] == 2
+    assert got[("airflow_dag_duration_seconds_sum", (("dag_id", "d"),))] == pytest.approx(90.25)
+    assert got[("airflow_dag_duration_seconds_bucket", (("dag_id", "d"), ("le", "0.5")))] == 1
+    assert got[("airflow_dag_duration_seconds_bucket", (("dag_id", "d"), ("le", "120.0")))] == 2
+    assert got[("airflow_dagrun_active_distinct", (("dag_id", "a"),))] == 1
+    assert ("one_too_many_total", ()) not in got  # the fifth series is refused, and counted
+    assert got[("statsd_bridge_refused_samples_total", ())] == 1
+    assert got[("statsd_bridge_bad_lines_total", ())] == 1
+    assert got[("statsd_bridge_lines_total", ())] == 10
+
+
 def test_receiver_refuses_what_it_cannot_record(tmp_path, project_env):
     from fastapi.testclient import TestClient
 
@@ -111,7 +160,8 @@ def monitoring(tmp_path_factory, project_env):
     project's own configs and command lines on free ports, with 1 s intervals."""
     base = tmp_path_factory.mktemp("monitoring")
     ports = stack.MonitoringPorts(prometheus=_free_port(), alertmanager=_free_port(),
-                                  pushgateway=_free_port(), receiver=_free_port())
+                                  pushgateway=_free_port(), receiver=_free_port(), statsd=_free_port(),
+                                  statsd_http=_free_port())
     deploy_root = base / "deploy"
     os.environ["INTENTOPS_MONITORING_INTERVAL"] = "1s"
     try:
@@ -207,3 +257,40 @@ def test_a_failed_pipeline_run_pushed_to_the_gateway_pages(monitoring, monkeypat
     # With the gateway down a push is dropped, never raised.
     monkeypatch.setenv("INTENTOPS_PUSHGATEWAY_URL", f"http://127.0.0.1:{_free_port()}")
     assert pushmetrics.pipeline_run("intentops_pipeline", "x", True) is False
+
+
+def test_stage_outcomes_reach_prometheus_through_the_statsd_bridge(monitoring, monkeypatch, tmp_path):
+    """run_stage's own metrics (published, cache hit, failed) over UDP to the real bridge,
+    scraped by the real Prometheus; with no bridge listening a stage still runs."""
+    from core import stage
+
+    ports = monitoring["ports"]
+    lake = tmp_path / "lake" / "demo-statsd"
+    monkeypatch.setenv("INTENTOPS_STATSD_ADDR", f"{ports.host}:{ports.statsd}")
+
+    def work(out: Path) -> dict:
+        (out / "x.txt").write_text("x")
+        return {"rows": 1}
+
+    def broken(out: Path) -> dict:
+        raise RuntimeError("the stage failed")
+
+    stage.run_stage("probe", lake, {"a": 1}, {}, "v1", work)
+    stage.run_stage("probe", lake, {"a": 1}, {}, "v1", work)  # the same key: a cache hit
+    with pytest.raises(RuntimeError):
+        stage.run_stage("probe", lake, {"a": 2}, {}, "v1", broken)
+    want = {"published", "cache_hit", "failed"}
+    seen: dict[str, float] = {}
+    deadline = time.time() + 60
+    while time.time() < deadline and set(seen) != want:
+        q = httpx.get(f"{ports.url('prometheus')}/api/v1/query", params={
+            "query": 'intentops_stage_runs_total{stage="probe",dataset="demo-statsd",job="statsd-bridge"}'}).json()
+        seen = {r["metric"]["outcome"]: float(r["value"][1]) for r in q["data"]["result"]}
+        time.sleep(0.5)
+    assert seen == dict.fromkeys(want, 1.0), seen
+    q = httpx.get(f"{ports.url('prometheus')}/api/v1/query", params={
+        "query": 'intentops_stage_duration_seconds_count{stage="probe",dataset="demo-statsd"}'}).json()
+    assert sum(float(r["value"][1]) for r in q["data"]["result"]) == 3
+    # Nothing listens there: the stage runs all the same.
+    monkeypatch.setenv("INTENTOPS_STATSD_ADDR", f"127.0.0.1:{_free_port()}")
+    assert stage.run_stage("probe", lake, {"a": 3}, {}, "v1", work).cache_hit is False

@@ -55,6 +55,10 @@ def services(tmp_path_factory, project_env):
         INTENTOPS_ALERTMANAGER_PORT=str(_free_port()),
         INTENTOPS_PUSHGATEWAY_PORT=str(_free_port()),
         INTENTOPS_ALERT_RECEIVER_PORT=str(_free_port()),
+        INTENTOPS_STATSD_PORT=str(_free_port()),
+        INTENTOPS_STATSD_HTTP_PORT=str(_free_port()),
+        # An alert of this name (the test posts it as Alertmanager would) triggers the DAG.
+        INTENTOPS_ALERT_DAG_TRIGGERS=json.dumps({"IntentopsRetrainRequested": DAG}),
         AIRFLOW_CONN_SPARK_DEFAULT='{"conn_type": "spark", "host": "local[2]"}',
         INTENTOPS__SPARK__DRIVER_MEMORY="2g",
         INTENTOPS__LAKE_ROOT=str(base / "lake"),
@@ -133,7 +137,7 @@ def test_up_prints_urls_and_a_second_up_is_harmless(services):
 
     # The monitoring stack runs beside them; one of it down is reported, not fatal, and
     # the next `up` starts it again.
-    for name in ("prometheus", "alertmanager", "pushgateway", "alert_receiver"):
+    for name in ("prometheus", "alertmanager", "pushgateway", "alert_receiver", "statsd_bridge"):
         assert info[name]["running"] and info[name]["url"].startswith("http://127.0.0.1:"), name
     assert httpx.get(f"{info['prometheus']['url']}/api/v1/rules").json()["data"]["groups"]
     psutil.Process(after["alertmanager"]["pid"]).kill()
@@ -164,6 +168,20 @@ def test_rest_triggered_run_registers_promotes_and_serves(services, api, registr
                    json={"text": "I still have not received my new card"}, timeout=30)
     assert r.status_code == 200, r.text
     assert r.json()["model_version"] == versions[0].version
+
+    # The run's task metrics are in Prometheus: Airflow's (through StatsD and the bridge),
+    # the stages' own, and the scheduler's heartbeat that the stall alert watches.
+    prom = info["prometheus"]["url"]
+    queries = {"ti": f'airflow_ti_finish_total{{dag_id="{DAG}",task_id="train",state="success"}}',
+               "stage": 'intentops_stage_runs_total{stage="train",outcome="published"}',
+               "heartbeat": "airflow_scheduler_heartbeat_total"}
+    found: dict[str, list] = {}
+    deadline = time.time() + 60
+    while time.time() < deadline and not all(found.get(k) for k in queries):
+        found = {k: httpx.get(f"{prom}/api/v1/query", params={"query": q}).json()["data"]["result"]
+                 for k, q in queries.items()}
+        time.sleep(1)
+    assert all(found.get(k) for k in queries), found
 
 
 def test_backfill_reads_its_days_and_a_second_backfill_is_all_cache_hits(services, api, registry):
@@ -225,6 +243,42 @@ def test_backfill_reads_its_days_and_a_second_backfill_is_all_cache_hits(service
         ran = [s["stage"] for s in summary["stages"] if not s.get("cache_hit")]
         assert ran == [], f"{run_id}: stages that did work again: {ran}"
     assert _versions(registry) == versions_before
+
+
+def test_an_alert_at_the_receiver_triggers_the_dag_through_the_rest_api(services, api):
+    """Alertmanager's webhook payload, posted to the receiver `up` started: the alert is
+    audited and, being one of INTENTOPS_ALERT_DAG_TRIGGERS, starts a run of the DAG in the
+    real Airflow, with the alert in the run's conf; the same alert again starts nothing."""
+    env, base, _, info = services
+    alert = {"status": "firing", "labels": {"alertname": "IntentopsRetrainRequested", "severity": "ticket"},
+             "annotations": {"summary": "test", "runbook": "none"}, "startsAt": "2026-12-05T00:00:00Z",
+             "fingerprint": "f00d"}
+    url = info["alert_receiver"]["url"]
+    before = {r["dag_run_id"] for r in api("GET", f"/dags/{DAG}/dagRuns").json()["dag_runs"]}
+    r = httpx.post(f"{url}/alerts", json={"version": "4", "status": "firing", "alerts": [alert]}, timeout=60)
+    assert r.status_code == 200, r.text
+    entry = [a for a in httpx.get(f"{url}/alerts").json()["alerts"]
+             if a["labels"]["alertname"] == "IntentopsRetrainRequested"][-1]
+    assert "triggered_run" in entry, entry
+    run = api("GET", f"/dags/{DAG}/dagRuns/{entry['triggered_run']}").json()
+    assert run["dag_run_id"] not in before
+    assert run["conf"]["trigger_alert"] == {"alertname": "IntentopsRetrainRequested",
+                                            "startsAt": "2026-12-05T00:00:00Z"}
+    r = httpx.post(f"{url}/alerts", json={"version": "4", "status": "firing", "alerts": [alert]}, timeout=60)
+    assert r.status_code == 200
+    runs = {r["dag_run_id"] for r in api("GET", f"/dags/{DAG}/dagRuns").json()["dag_runs"]}
+    assert runs - before == {entry["triggered_run"]}
+    records = [json.loads(x) for x in Path(env["INTENTOPS_AUDIT_LOG"]).read_text().splitlines()]
+    assert any(x["action"] == "alert" and x["target"].startswith("IntentopsRetrainRequested") for x in records)
+    assert any(x["action"] == "dag.trigger" and x["target"] == f"{DAG}/{entry['triggered_run']}" for x in records)
+    # The DAG takes the alert in its conf (it is not a setting): the run's config resolves.
+    deadline = time.time() + 300
+    while time.time() < deadline and api.task_states(entry["triggered_run"]).get("resolve_config") not in (
+            "success", "failed", "upstream_failed", "skipped"):
+        time.sleep(2)
+    assert api.task_states(entry["triggered_run"]).get("resolve_config") == "success"
+    # A whole pipeline run is not this test's business: stop it.
+    api("PATCH", f"/dags/{DAG}/dagRuns/{entry['triggered_run']}", json={"state": "failed"})
 
 
 def _versions(client) -> list[str]:

@@ -235,6 +235,14 @@ def test_an_invalid_setting_fails_in_resolve_config(tmp_path, monkeypatch, conf,
     assert not (tmp_path / "lake").exists()  # nothing saved, nothing ran
 
 
+def test_the_alert_that_triggered_a_run_is_not_a_setting(tmp_path, monkeypatch):
+    from core.runs import load_run_config, resolve_run_config
+
+    monkeypatch.setenv("INTENTOPS__LAKE_ROOT", str(tmp_path / "lake"))
+    path, _ = resolve_run_config("r1", {"trigger_alert": {"alertname": "IntentopsChampionTooOld"}, "epochs": 2})
+    assert load_run_config(path).training.hparams.epochs == 2
+
+
 def test_form_values_override_the_config_and_empty_keeps_it(tmp_path, monkeypatch):
     from core.runs import load_run_config, resolve_run_config
 

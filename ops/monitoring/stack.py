@@ -10,6 +10,9 @@ the project's alert receiver (Debian's ``prometheus``, ``prometheus-alertmanager
   (``<deploy.root>/prometheus/<dataset>.{router,servers,autoscaler}.json``, written by
   ``Deployment.save``), so replicas the autoscaler adds are scraped within seconds;
 * ``pushgateway``: training, pipeline and deployment metrics (``core/pushmetrics.py``);
+* ``statsd-bridge``: Airflow's StatsD metrics (task durations and outcomes, run durations,
+  scheduler heartbeats, pools, executor queues) and each stage's duration and outcome
+  (published, cache hit, failed), through ``ops/monitoring/statsd_bridge.py``;
 * the rules of ``ops/monitoring/rules.yml``, whose alerts go to Alertmanager, which sends
   them to the receiver (``ops/monitoring/receiver.py``: the audit log, and a DAG trigger
   for chosen alerts).
@@ -39,6 +42,8 @@ class MonitoringPorts:
     alertmanager: int = 9093
     pushgateway: int = 9091
     receiver: int = 9095
+    statsd: int = 9125  # UDP
+    statsd_http: int = 9102
 
     @classmethod
     def from_env(cls, env: dict[str, str] | None = None) -> MonitoringPorts:
@@ -47,10 +52,22 @@ class MonitoringPorts:
                    prometheus=int(env.get("INTENTOPS_PROMETHEUS_PORT", "9090")),
                    alertmanager=int(env.get("INTENTOPS_ALERTMANAGER_PORT", "9093")),
                    pushgateway=int(env.get("INTENTOPS_PUSHGATEWAY_PORT", "9091")),
-                   receiver=int(env.get("INTENTOPS_ALERT_RECEIVER_PORT", "9095")))
+                   receiver=int(env.get("INTENTOPS_ALERT_RECEIVER_PORT", "9095")),
+                   statsd=int(env.get("INTENTOPS_STATSD_PORT", "9125")),
+                   statsd_http=int(env.get("INTENTOPS_STATSD_HTTP_PORT", "9102")))
 
     def url(self, name: str) -> str:
         return f"http://{self.host}:{getattr(self, name)}"
+
+    def statsd_env(self) -> dict[str, str]:
+        """What sends to the StatsD bridge: Airflow (tags the InfluxDB way, no run or job ids
+        as labels, no legacy names that carry the DAG and task in the metric's name) and the
+        project's stages."""
+        return {"AIRFLOW__METRICS__STATSD_ON": "True", "AIRFLOW__METRICS__STATSD_HOST": self.host,
+                "AIRFLOW__METRICS__STATSD_PORT": str(self.statsd),
+                "AIRFLOW__METRICS__STATSD_INFLUXDB_ENABLED": "True",
+                "AIRFLOW__METRICS__LEGACY_NAMES_ON": "False",
+                "INTENTOPS_STATSD_ADDR": f"{self.host}:{self.statsd}"}
 
 
 def binaries() -> dict[str, str | None]:
@@ -70,6 +87,8 @@ def prometheus_config(ports: MonitoringPorts, deploy_root: Path, interval: str =
         "scrape_configs": [*sd,
                            {"job_name": "pushgateway", "honor_labels": True,
                             "static_configs": [{"targets": [f"{ports.host}:{ports.pushgateway}"]}]},
+                           {"job_name": "statsd-bridge", "honor_labels": True,
+                            "static_configs": [{"targets": [f"{ports.host}:{ports.statsd_http}"]}]},
                            {"job_name": "prometheus",
                             "static_configs": [{"targets": [f"{ports.host}:{ports.prometheus}"]}]}],
     }
@@ -104,6 +123,8 @@ def commands(folder: Path, ports: MonitoringPorts, python: str) -> dict[str, lis
     h = ports.host
     return {
         "alert_receiver": [python, "-m", "ops.monitoring.receiver", "--host", h, "--port", str(ports.receiver)],
+        "statsd_bridge": [python, "-m", "ops.monitoring.statsd_bridge", "--host", h,
+                          "--udp-port", str(ports.statsd), "--http-port", str(ports.statsd_http)],
         "pushgateway": [b["pushgateway"], f"--web.listen-address={h}:{ports.pushgateway}"],
         "alertmanager": [b["alertmanager"], f"--config.file={folder / 'alertmanager.yml'}",
                          f"--storage.path={folder / 'alertmanager-data'}",
@@ -114,10 +135,10 @@ def commands(folder: Path, ports: MonitoringPorts, python: str) -> dict[str, lis
     }
 
 
-HEALTH = {"alert_receiver": "/health/ready", "pushgateway": "/-/ready", "alertmanager": "/-/ready",
-          "prometheus": "/-/ready"}
-PORT_OF = {"alert_receiver": "receiver", "pushgateway": "pushgateway", "alertmanager": "alertmanager",
-           "prometheus": "prometheus"}
+HEALTH = {"alert_receiver": "/health/ready", "statsd_bridge": "/metrics", "pushgateway": "/-/ready",
+          "alertmanager": "/-/ready", "prometheus": "/-/ready"}
+PORT_OF = {"alert_receiver": "receiver", "statsd_bridge": "statsd_http", "pushgateway": "pushgateway",
+           "alertmanager": "alertmanager", "prometheus": "prometheus"}
 
 
 def compose_prometheus_config(interval: str = "5s") -> dict[str, Any]:
@@ -133,6 +154,8 @@ def compose_prometheus_config(interval: str = "5s") -> dict[str, Any]:
                 {"targets": ["model-server:8100", "model-server-2:8100"], "labels": {"variant": "stable"}},
                 {"targets": ["model-server-canary:8100"], "labels": {"variant": "canary"}}]},
             {"job_name": "pushgateway", "honor_labels": True, "static_configs": [{"targets": ["pushgateway:9091"]}]},
+            {"job_name": "statsd-bridge", "honor_labels": True,
+             "static_configs": [{"targets": ["statsd-bridge:9102"]}]},
             {"job_name": "prometheus", "static_configs": [{"targets": ["localhost:9090"]}]},
         ],
     }
