@@ -36,22 +36,12 @@ from pathlib import Path
 from typing import Any
 
 from core import __version__
+from core.errors import StageError, StageVerdict  # noqa: F401 (re-exported: stages raise them from here)
 
 log = logging.getLogger(__name__)
 
 MANIFEST = "_MANIFEST.json"
 _CHUNK = 1 << 20
-
-
-class StageError(RuntimeError):
-    """A stage failed for a reason the user can act on (bad input, bad config)."""
-
-
-class StageVerdict(StageError):
-    """The stage ran and its verdict stops the run: a gate failed on the data, a model
-    failed its parity check, a rollout was rolled back. A property of the data or the model,
-    not a transient error: the DAG fails the task at once instead of retrying it, and the
-    CLI exits with status 3."""
 
 
 def file_fingerprint(path: str | os.PathLike[str]) -> dict[str, Any]:

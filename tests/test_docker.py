@@ -359,7 +359,7 @@ def test_serving_image_runs_with_its_own_packages_only(tmp_path: Path):
             f"assert contract.preprocess.version() == {code_version('contract.preprocess')!r}\n"
             "import sys\nprint(sorted(m for m in sys.modules if m.split('.')[0] in "
             "('torch', 'airflow', 'pyspark', 'pandas', 'training', 'quality', 'jobs') or "
-            "(m.startswith('core.') and m not in ('core.stage', 'core.codeversion', 'core.audit', 'core.secretfiles', 'core.sysinfo'))))")
+            "(m.startswith('core.') and m not in ('core.stage', 'core.errors', 'core.codeversion', 'core.audit', 'core.secretfiles', 'core.sysinfo'))))")
     p = subprocess.run([sys.executable, "-S", "-c", code], env=env, cwd=tmp_path,
                        capture_output=True, text=True, timeout=120)
     assert p.returncode == 0, p.stderr[-3000:]

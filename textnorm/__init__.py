@@ -15,7 +15,7 @@ import re
 import unicodedata
 from pathlib import Path
 
-from core.stage import StageError
+from core.errors import StageError
 
 # Format characters (Unicode category Cf) that are invisible but split words:
 # zero-width space/joiners, BOM, word joiner, soft hyphen, bidi marks.

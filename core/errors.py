@@ -1,0 +1,20 @@
+"""The errors a stage raises for a reason the user can act on.
+
+Apart from ``core/stage.py`` so that the libraries the served builds carry (``textnorm``,
+through ``contract.preprocess``) import only this: a build's preprocessing version is the
+code version of that import closure, and it must change when the text preparation changes,
+not when the stage machinery does.
+"""
+
+from __future__ import annotations
+
+
+class StageError(RuntimeError):
+    """A stage failed for a reason the user can act on (bad input, bad config)."""
+
+
+class StageVerdict(StageError):
+    """The stage ran and its verdict stops the run: a gate failed on the data, a model
+    failed its parity check, a rollout was rolled back. A property of the data or the model,
+    not a transient error: the DAG fails the task at once instead of retrying it, and the
+    CLI exits with status 3."""
