@@ -54,6 +54,12 @@ class StageVerdict(StageError):
     CLI exits with status 3."""
 
 
+class StageSkipped(StageError):
+    """The stage has nothing to do in this run and says why (an optional service that is
+    not configured, an upstream that published nothing): the DAG marks the task skipped
+    with the reason, the CLI prints it; neither is a silent success."""
+
+
 def file_fingerprint(path: str | os.PathLike[str]) -> dict[str, Any]:
     """Content fingerprint of a file or of every file under a directory.
 

@@ -31,7 +31,7 @@ import time
 from collections.abc import Callable
 
 from core import stages
-from core.stage import StageError, StageVerdict
+from core.stage import StageError, StageSkipped, StageVerdict
 
 
 def _with_config(p: argparse.ArgumentParser, run_id: bool = True) -> argparse.ArgumentParser:
@@ -72,6 +72,10 @@ def build_parser() -> argparse.ArgumentParser:
     kp.add_argument("fingerprint", nargs="?", help="the key to revoke (from `keys list`)")
     ro = _with_config(dsub.add_parser("rollout", help=stages.get("deploy").summary))
     ro.set_defaults(cmd="deploy", stage="deploy")
+    rp = _with_config(sub.add_parser("review-pull", help="merge finished Label Studio annotations into "
+                                     "the lake's reviewer source (what the DAG's review_pull sensor does)"),
+                      run_id=False)
+    rp.set_defaults(cmd="review-pull")
     for name, help_ in (("up", "start the local services: MLflow server, airflow standalone, serving"),
                         ("down", "stop what `up` started (and the serving processes)"),
                         ("services", "URLs, credentials file and state of the local services")):
@@ -161,13 +165,29 @@ def _handler(args: argparse.Namespace) -> Callable[[argparse.Namespace], int]:
         return _pii
     return {"audit": _audit, "stages": _stages, "run": _run, "up": _services, "down": _services,
             "services": _services, "summary": _summary, "leak-scan": _leak_scan,
-            "evaluate": _evaluate}[args.cmd]
+            "evaluate": _evaluate, "review-pull": _review_pull}[args.cmd]
+
+
+def _review_pull(args: argparse.Namespace) -> int:
+    import json
+
+    from quality import review_stage
+
+    try:
+        print(json.dumps(review_stage.pull(_config(args)), indent=2))
+    except StageSkipped as exc:
+        print(f"SKIPPED: {exc}", file=sys.stderr)
+    return 0
 
 
 def _run_one(name: str, cfg, run_id: str) -> None:
     """One stage: its work, its published result, then its verdict (StageVerdict stops)."""
     st = stages.get(name)
-    result = st.run(cfg, run_id)
+    try:
+        result = st.run(cfg, run_id)
+    except StageSkipped as exc:  # said, not silent; the run goes on
+        print(f"SKIPPED {name}: {exc}", file=sys.stderr)
+        return
     print(result.to_json())
     print(st.verdict(cfg, result), file=sys.stderr)
 

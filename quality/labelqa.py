@@ -387,6 +387,8 @@ def curated(a: Analysis, cfg: LabelQAConfig) -> pd.DataFrame:
         "item_agreement": d.item_agreement,
         "n_annotations": d.n_annotations,
         "cluster_id": d.get("cluster_id", d.record_id),
+        # "reviewer" where a reviewed label (Label Studio) won over the consensus.
+        "label_source": d.get("label_source", pd.Series("consensus", index=d.index)),
     })[keep].reset_index(drop=True)
     out["split"] = split_groups(out.label, out.cluster_id, cfg.split, cfg.seed)
     return out
