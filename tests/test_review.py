@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import stat
+from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -117,7 +118,7 @@ def test_push_rounds_pull_and_the_next_label_qa_applies_the_reviews(tmp_path, ls
     cur = pd.read_parquet(f"{qa3.path}/curated").set_index("record_id")
     assert cur.label[fix] == truth[fix] and cur.label_source[fix] == "reviewer"
     assert cur.label[edited] == truth[edited]
-    m = json.loads(open(f"{qa3.path}/metrics.json").read())
+    m = json.loads(Path(qa3.path, "metrics.json").read_text())
     rv = m["review"]
     assert rv["outside_label_set"] == 1 and rv["outside_label_set_examples"] == ["not_an_intent"]
     assert rv["unresolved_ties"] == 1 and rv["applied"] == 3
@@ -126,7 +127,7 @@ def test_push_rounds_pull_and_the_next_label_qa_applies_the_reviews(tmp_path, ls
     assert not any(a["annotator"].startswith("reviewer:") for a in m["agreement"].get("per_annotator") or [])
     q3 = pd.read_csv(f"{qa3.path}/relabel_queue.csv", dtype={"record_id": str}).set_index("record_id")
     assert fix not in q3.index and tie in q3.index and "reviewers disagree" in q3.reason[tie]
-    assert "Review rounds" in open(f"{qa3.path}/qa_report.html").read()
+    assert "Review rounds" in Path(qa3.path, "qa_report.html").read_text()
 
     # Round 3 after the reviews: the deleted, never-reviewed task is sent again; nothing
     # reviewed is, even the one whose task was deleted after its review.
