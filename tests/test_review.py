@@ -219,3 +219,16 @@ def test_credentials_are_generated_once_private_and_beside_the_registrys(tmp_pat
     assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
     assert labeling_auth.pseudonym(7, a.reviewer_key) == labeling_auth.pseudonym("7", a.reviewer_key)
     assert labeling_auth.pseudonym(7, a.reviewer_key) != labeling_auth.pseudonym(7, "another key")
+
+
+def test_services_lists_label_studio_with_its_url_and_credentials(tmp_path, monkeypatch):
+    from ops.services import Services
+
+    monkeypatch.setenv("INTENTOPS_SERVICES_ROOT", str(tmp_path / "services"))
+    monkeypatch.delenv("INTENTOPS_LABEL_STUDIO_PORT", raising=False)
+    svc = Services(load_config(overrides={"lake_root": str(tmp_path / "lake")}, env={}))
+    got = svc.describe({})["label_studio"]
+    assert got["url"] == "http://127.0.0.1:8300" and got["running"] is False
+    assert got["credentials_file"].endswith("credentials.json") and got["credentials_key"] == "label_studio"
+    # Airflow's tasks find it through the environment `up` gives them.
+    assert svc.env()["INTENTOPS_LABEL_STUDIO_URL"] == "http://127.0.0.1:8300"
