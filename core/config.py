@@ -211,6 +211,11 @@ class LabelingConfig(_Section):
     # (1 + class_balance_weight x rarity of the suggested class), rarity = 1 - its share of
     # the largest class. 0 ranks by score alone.
     class_balance_weight: float = Field(0.5, ge=0.0, le=10.0)
+    # How long the DAG's review_pull sensor waits for new reviews after the push before it
+    # skips (reviews finished later are pulled by the next run's sensor, or by
+    # `intentops review-pull`); 0: one poll. Bounded by the sensor's own 2 h timeout.
+    pull_wait_minutes: int = Field(5, ge=0, le=120, description="Minutes the review_pull "
+                                   "sensor waits for new Label Studio reviews after the push")
     # HTTP timeout per request to Label Studio, seconds.
     timeout_s: float = Field(30.0, gt=0, le=600)
 

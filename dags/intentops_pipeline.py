@@ -275,11 +275,12 @@ def intentops_pipeline():
         for up in s.upstream:
             tasks[up] >> tasks[s.name]
     # Reviewed labels come back by polling (a webhook into Airflow's REST API would need a
-    # token that expires): reschedule mode frees the worker slot between pokes; no new
-    # review within the timeout skips it (soft fail), and the next run pulls again.
-    @task.sensor(task_id="review_pull", poke_interval=60, timeout=15 * 60, mode="reschedule",
+    # token that expires): reschedule mode frees the worker slot between pokes. No new
+    # review within labeling.pull_wait_minutes of the push skips it, saying so; the next
+    # run pulls again. The 2 h timeout (soft fail) only bounds a misconfiguration.
+    @task.sensor(task_id="review_pull", poke_interval=60, timeout=2 * 60 * 60, mode="reschedule",
                  soft_fail=True, retries=2)
-    def review_pull(config_path: str):
+    def review_pull(config_path: str, run_id: str):
         """Pulls finished Label Studio annotations into the lake's `reviewer` source; done
         when there is something new for the next label-QA run."""
         from airflow.sdk import PokeReturnValue
@@ -289,12 +290,17 @@ def intentops_pipeline():
         from core.stage import StageSkipped
         from quality import review_stage
 
+        cfg = load_run_config(config_path)
         try:
-            got = review_stage.pull(load_run_config(config_path))
+            got = review_stage.pull(cfg)
         except StageSkipped as exc:
             raise AirflowSkipException(str(exc)) from None
         print(f"review_pull: {got}")
         fresh = got["new_annotations"] + got["edited_annotations"]
+        if not fresh and review_stage.waited_enough(cfg, run_id):
+            raise AirflowSkipException(
+                f"no new reviews within labeling.pull_wait_minutes={cfg.labeling.pull_wait_minutes} of "
+                "the push; the next run's pull (or `intentops review-pull`) brings them in")
         return PokeReturnValue(is_done=fresh > 0, xcom_value=got if fresh else None)
 
     tasks["review"] >> review_pull(config_path)

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 from pathlib import Path
 from typing import Any
 
@@ -187,3 +188,14 @@ def pull(cfg: PipelineConfig) -> dict[str, Any]:
                                                   "stored": len(store.annotations())}
     return {"project": project_title(cfg), "project_id": pid, "finished_tasks": len(export),
             "annotations": int(len(rows)), **info, **stats, "version": store.fingerprint()}
+
+
+def waited_enough(cfg: PipelineConfig, run_id: str, now: float | None = None) -> bool:
+    """True when ``labeling.pull_wait_minutes`` have passed since this run's push started
+    (the sensor then stops waiting); True too when the run pushed nothing."""
+    try:
+        pushed = stage.upstream(cfg.lake, run_id, STAGE).manifest["timings"]["started"]
+    except stage.StageError:
+        return True
+    now = time.time() if now is None else now
+    return now - pushed >= cfg.labeling.pull_wait_minutes * 60

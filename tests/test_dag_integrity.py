@@ -93,6 +93,7 @@ def test_review_push_runs_after_a_stopped_label_qa_and_the_pull_is_a_reschedulin
     pull = tasks["review_pull"]
     assert pull.upstream_task_ids == {"review", "resolve_config"}
     assert pull.mode == "reschedule" and pull.soft_fail and pull.poke_interval >= 30
+    assert pull.timeout <= 2 * 60 * 60  # labeling.pull_wait_minutes ends the wait sooner
 
 
 def test_the_trigger_form_is_the_configs(dagbag):

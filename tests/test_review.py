@@ -71,6 +71,11 @@ def test_push_rounds_pull_and_the_next_label_qa_applies_the_reviews(tmp_path, ls
     sent = pd.read_csv(f"{first.path}/sent.csv")
     assert list(sent.review_value) == sorted(sent.review_value, reverse=True)
 
+    # The pull sensor waits labeling.pull_wait_minutes (5) after this run's push, no longer.
+    assert not review_stage.waited_enough(cfg, "r1")
+    assert review_stage.waited_enough(cfg, "r1", now=first.manifest["timings"]["started"] + 301)
+    assert review_stage.waited_enough(cfg, "never-pushed")
+
     # Same run again: the stage's cache; a new run: round 2 sends the rest, nothing twice.
     assert review_stage.run(cfg, "r1").cache_hit
     cfg_all = _cfg(tmp_path, "review-e2e", **{"labeling.batch_size": 10_000})
