@@ -237,3 +237,25 @@ def test_services_lists_label_studio_with_its_url_and_credentials(tmp_path, monk
     assert got["credentials_file"].endswith("credentials.json") and got["credentials_key"] == "label_studio"
     # Airflow's tasks find it through the environment `up` gives them.
     assert svc.env()["INTENTOPS_LABEL_STUDIO_URL"] == "http://127.0.0.1:8300"
+
+
+def test_cli_run_goes_on_past_a_failed_push_but_not_past_a_failed_stage_others_read(tmp_path, monkeypatch, capsys):
+    """`intentops run`: the review push is a side branch (train does not read it), so Label
+    Studio being down fails it alone, as in the DAG; any other failure stops the run."""
+    from ops import cli
+
+    ran = []
+
+    def one(name, cfg, run_id):
+        ran.append(name)
+        if name in fail:
+            raise LabelStudioError(f"{name} down")
+
+    monkeypatch.setattr(cli, "_run_one", one)
+    argv = ["run", "--through", "train", "--set", f"lake_root={tmp_path / 'lake'}", "--run-id", "r"]
+    fail = {"review"}
+    assert cli.main(argv) == 2 and ran[-2:] == ["review", "train"]
+    assert "ERROR in review (no later stage needs it" in capsys.readouterr().err
+    ran.clear()
+    fail = {"labelqa"}
+    assert cli.main(argv) == 2 and ran[-1] == "labelqa"  # train reads label QA: stopped there
