@@ -12,6 +12,10 @@
   dag-processor, triggerer; LocalExecutor, SQLite) in the project's ``AIRFLOW_HOME``, its
   tasks logging to that MLflow server;
 * the serving stack (``deploy/``): the router and, once a model is champion, its server;
+* Label Studio (``ops/labelstudio_service.py``), the review loop's labeling tool, from its
+  own virtual environment ``.venv-label-studio`` on 127.0.0.1:8300 with a generated admin
+  and API token (the ``label_studio`` entry of ``var/services/credentials.json``); like
+  monitoring, when it is not installed or does not start, ``up`` says so and goes on;
 * the monitoring stack (``ops/monitoring/``): Prometheus (scraping the router, the model
   servers, the autoscaler and the Pushgateway, with the alert rules), Alertmanager, the
   Pushgateway (training and pipeline metrics) and the project's alert receiver (the audit

@@ -45,6 +45,10 @@ Outputs (published as one stage): ``curated/`` (consensus labels, suspects handl
 split), ``relabel_queue.csv`` and ``relabel_queue.json`` (Label Studio tasks with the
 suggested label as a prediction, plus ``label_studio_config.xml``), ``metrics.json`` and
 ``qa_report.html``.
+
+Reviewed labels (the lake's ``reviewer`` source, from Label Studio: ``quality/review.py``)
+are applied by the stage after this analysis: a reviewed label wins over the consensus and
+never enters the agreement figures.
 """
 
 from __future__ import annotations
