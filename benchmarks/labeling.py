@@ -209,6 +209,9 @@ def main() -> None:
         work = Path(tmp)
         load_before = os.getloadavg()
         proc, url, creds, start_s = start_label_studio(work / "ls")
+        # The review stage's code finds this server as it finds any configured one.
+        os.environ.update(INTENTOPS_LABEL_STUDIO_URL=url, INTENTOPS_LABEL_STUDIO_TOKEN=creds.api_token,
+                          INTENTOPS_REVIEWER_KEY=creds.reviewer_key)
         try:
             res = {"label_studio": {"version": next(
                 line.split("==")[1] for line in (ROOT / "constraints-label-studio.txt").read_text().splitlines()
