@@ -51,7 +51,7 @@ def order_by_value(queue: pd.DataFrame, class_counts: dict[str, int], weight: fl
     q = queue.copy()
     biggest = max(class_counts.values(), default=0)
     rarity = q.suggested_label.map(
-        lambda c: 1.0 - class_counts.get(c, 0) / biggest if biggest and isinstance(c, str) else 0.0)
+        lambda c: 1.0 - class_counts.get(c, 0) / biggest if biggest and isinstance(c, str) and c else 0.0)
     q["review_value"] = (q.score.astype(float) * (1.0 + weight * rarity.astype(float))).round(6)
     return q.sort_values(["review_value", "rank"], ascending=[False, True]).reset_index(drop=True)
 

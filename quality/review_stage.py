@@ -63,6 +63,12 @@ def connect(cfg: PipelineConfig) -> tuple[Client, labeling_auth.Connection]:
     return Client(conn.url, conn.token, timeout=lab.timeout_s), conn
 
 
+def read_queue(qa_path: Path) -> pd.DataFrame:
+    """Label QA's relabel queue. Empty fields stay "" (no consensus, no suggestion), never
+    NaN: NaN is not JSON, and an empty suggestion means a task without a prediction."""
+    return pd.read_csv(Path(qa_path) / "relabel_queue.csv", dtype={"record_id": str}, keep_default_na=False)
+
+
 def _class_counts(qa_path: Path) -> dict[str, int]:
     cur = pd.read_parquet(Path(qa_path) / "curated", columns=["label"])
     return {str(k): int(v) for k, v in cur.label.value_counts().items()}
@@ -76,11 +82,14 @@ def push(cfg: PipelineConfig, client: Client, queue: pd.DataFrame, classes: list
                              f"intentops relabel queue of dataset {cfg.dataset}: reviewed labels "
                              "go back into training")
     pid = int(project["id"])
-    in_ls = {str((t.get("data") or {}).get("record_id")) for t in client.tasks(pid)}
+    tmap = store.task_map()
+    # A task stands for the record the push recorded for it (its data may have been edited
+    # there), else for the record id in its data.
+    in_ls = {str((tmap.get(str(t["id"])) or {}).get("record_id") or (t.get("data") or {}).get("record_id"))
+             for t in client.tasks(pid)}
     reviewed = set(store.annotations().record_id.astype(str))
     ordered = review.order_by_value(queue, class_counts, cfg.labeling.class_balance_weight)
     batch, counts = review.select_round(ordered, in_ls, reviewed, cfg.labeling.batch_size)
-    tmap = store.task_map()
     rnd = 1 + max((int(v["round"]) for v in tmap.values() if int(v["project"]) == pid), default=0)
     sent = batch.assign(task_id=pd.Series(dtype="int64"), round=rnd)
     if len(batch):
@@ -110,7 +119,7 @@ def run(cfg: PipelineConfig, run_id: str) -> stage.StageResult:
     stage_cfg = {"labeling": cfg.labeling.model_dump(), "label_studio": conn.url, "run_id": run_id}
 
     def work(out: Path) -> dict[str, Any]:
-        queue = pd.read_csv(Path(qa.path) / "relabel_queue.csv", dtype={"record_id": str})
+        queue = read_queue(Path(qa.path))
         with client:
             if not client.health():
                 raise LabelStudioError(f"Label Studio at {conn.url} is not answering (/health); the "

@@ -259,3 +259,17 @@ def test_cli_run_goes_on_past_a_failed_push_but_not_past_a_failed_stage_others_r
     ran.clear()
     fail = {"labelqa"}
     assert cli.main(argv) == 2 and ran[-1] == "labelqa"  # train reads label QA: stopped there
+
+
+def test_queue_rows_without_consensus_or_suggestion_become_valid_json_tasks(tmp_path):
+    from quality.labelqa import label_studio_tasks
+
+    pd.DataFrame({"rank": [1, 2], "record_id": ["a", "b"], "text": ["where is my card", "hello"],
+                  "given_label": ["card_arrival", None], "annotations": ["", ""],
+                  "consensus_label": ["card_arrival", None], "item_agreement": [None, None],
+                  "suggested_label": ["card_arrival", None], "score": [0.7, 1.0],
+                  "reason": ["low label quality", "no valid label"],
+                  "dedup_label_conflict": [False, False]}).to_csv(tmp_path / "relabel_queue.csv", index=False)
+    tasks = label_studio_tasks(review_stage.read_queue(tmp_path))
+    json.dumps(tasks, allow_nan=False)  # what the import sends: no NaN anywhere
+    assert "predictions" in tasks[0] and "predictions" not in tasks[1]
