@@ -17,7 +17,7 @@
    the same model family for its checks).
 
     .venv/bin/python benchmarks/labeling.py [--queue 1000] [--repeats 3] [--rows 6000]
-        [--noise 0.10] [--rounds 3] [--batch 200]
+        [--noise 0.10] [--annotators 3] [--rounds 3] [--batch 200] [--skip-push-pull]
 
 Results: ``benchmarks/results/labeling.json``; docs/BENCHMARKS.md quotes them.
 """
@@ -115,11 +115,11 @@ def push_pull(url: str, creds, n: int, repeats: int, work: Path) -> dict:
     return {"queue_items": n, "repeats": runs, "median": med}
 
 
-def build(rows: int, noise: float, seed: int, out: Path) -> tuple[pd.DataFrame, pd.Series]:
+def build(rows: int, noise: float, seed: int, annotators: int, out: Path) -> tuple[pd.DataFrame, pd.Series]:
     from demo import builder
 
     builder.main(["--out", str(out), "--rows", str(rows), "--seed", str(seed), "--format", "parquet",
-                  "--label-error-rate", str(noise)])
+                  "--label-error-rate", str(noise), "--annotators-per-item", str(annotators)])
     raw = pd.read_parquet(out / "raw.parquet")
     gt = pd.read_parquet(out / "ground_truth" / "rows.parquet").set_index("ticket_id").loc[raw.ticket_id]
     keep = gt.defect.isna().to_numpy() & gt.dup_kind.isna().to_numpy()  # what dedup keeps
@@ -143,7 +143,7 @@ def proxy_accuracy(cur: pd.DataFrame, test: pd.DataFrame) -> float:
 
 def rounds(url: str, creds, args, work: Path) -> dict:
     labels = classes()
-    items, truth = build(args.rows, args.noise, args.seed, work / "raw")
+    items, truth = build(args.rows, args.noise, args.seed, args.annotators, work / "raw")
     test = pd.read_csv(DATA / "test.csv").rename(columns={"category": "label"})
     test["label"] = test.label.map(textnorm.normalize_label)
     qa_cfg = LabelQAConfig()
@@ -180,12 +180,13 @@ def rounds(url: str, creds, args, work: Path) -> dict:
             reviewed += len(sent)
             m = measure(rnd, reviewed)
             m |= {"sent": int(stats["sent"]),
-                  "reviewer_agreed_with_suggestion": round(agree / max(len(sent), 1), 4)}
+                  "reviewer_agreed_with_suggestion": round(agree / len(sent), 4) if len(sent) else None}
             out.append(m)
             print({k: v for k, v in m.items() if k not in ("queue", "cur")}, flush=True)
     table = [{k: v for k, v in r.items() if k not in ("queue", "cur")} for r in out]
     gain = table[-1]["proxy_test_accuracy"] - table[0]["proxy_test_accuracy"]
-    return {"rows": args.rows, "items": len(items), "noise": args.noise, "batch": args.batch,
+    return {"rows": args.rows, "items": len(items), "noise": args.noise, "annotators_per_item": args.annotators,
+            "batch": args.batch,
             "analyze_s": analyze_s, "rounds": table,
             "items_reviewed_per_accuracy_point": round(reviewed / (gain * 100), 1) if gain > 0 else None,
             "error_rate_drop": round(table[0]["curated_label_error_rate"] - table[-1]["curated_label_error_rate"], 4)}
@@ -200,7 +201,9 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=7)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--batch", type=int, default=200)
+    ap.add_argument("--annotators", type=int, default=3, help="annotators per item in the build (the demo: 3)")
     ap.add_argument("--skip-rounds", action="store_true")
+    ap.add_argument("--skip-push-pull", action="store_true")
     ap.add_argument("--results", default="benchmarks/results/labeling.json")
     args = ap.parse_args()
     if not ls.executable().exists():
@@ -216,7 +219,7 @@ def main() -> None:
             res = {"label_studio": {"version": next(
                 line.split("==")[1] for line in (ROOT / "constraints-label-studio.txt").read_text().splitlines()
                 if line.startswith("label-studio==")), "first_start_s": start_s},
-                "push_pull": push_pull(url, creds, args.queue, args.repeats, work)}
+                **({} if args.skip_push_pull else {"push_pull": push_pull(url, creds, args.queue, args.repeats, work)})}
             if not args.skip_rounds:
                 res["rounds"] = rounds(url, creds, args, work)
         finally:
