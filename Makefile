@@ -79,12 +79,13 @@ down: $(VENV)/.installed
 	$(BIN)/intentops down
 
 # Benchmarks (not part of the tests): results in benchmarks/results/, quoted in docs/BENCHMARKS.md.
-bench: $(VENV)/.installed
+bench: $(VENV)/.installed label-studio
 	$(BIN)/pip install -q -c constraints.txt -e '.[dev,bench]'
 	$(BIN)/python benchmarks/data_stages.py --stages clean dedup desensitize
 	$(BIN)/python benchmarks/pii_presidio.py --raw var/bench/raw-1000000 --sample 4000
 	$(BIN)/python benchmarks/pii_eval.py
 	$(BIN)/python benchmarks/labelqa.py
+	$(BIN)/python benchmarks/labeling.py
 	$(BIN)/python benchmarks/training.py --epochs 5
 	$(BIN)/python benchmarks/export.py --repeats 3
 
