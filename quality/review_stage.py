@@ -7,7 +7,8 @@ one Choices over the run's label set, updated when the set changes), orders the 
 queue by the value of a review (``quality/review.py``) and sends the next round: up to
 ``labeling.batch_size`` items that are not tasks there yet and were never reviewed, each
 with the model's suggestion as a prediction (pre-labeling) and the score and reason in the
-task data. A rerun sends only what is new. Label Studio down: each call is retried, then
+task data. A rerun with the same label-QA output is a cache hit (no new round before the
+reviews of the last one came back); a push sends only what is new. Label Studio down: each call is retried, then
 the task fails with the reason and the task's own retries follow; nothing is lost (the
 queue stays in label QA's output, the next run sends it). Not configured
 (``labeling.enabled: auto`` and no Label Studio known): the task is skipped with the reason.
@@ -115,8 +116,9 @@ def run(cfg: PipelineConfig, run_id: str) -> stage.StageResult:
         raise stage.StageSkipped(f"review skipped: label QA published nothing for this run ({exc})") from None
     classes = runs.run_labels(cfg.lake, run_id)
     inputs = {"labelqa": {"key": qa.manifest["key"]}}
-    # Not a cache: every run syncs with Label Studio (idempotently), so the run id is in the key.
-    stage_cfg = {"labeling": cfg.labeling.model_dump(), "label_studio": conn.url, "run_id": run_id}
+    # The same label-QA output, settings and server: a cache hit, no new round. The next
+    # round goes out when reviews came back (a pull changes label QA's key) or the queue changed.
+    stage_cfg = {"labeling": cfg.labeling.model_dump(), "label_studio": conn.url}
 
     def work(out: Path) -> dict[str, Any]:
         queue = read_queue(Path(qa.path))

@@ -83,8 +83,9 @@ def test_push_rounds_pull_and_the_next_label_qa_applies_the_reviews(tmp_path, ls
     s2 = review_stage.run(cfg_all, "r2").manifest["stats"]
     assert (s2["sent"], s2["round"], s2["already_in_label_studio"]) == (len(queue) - 15, 2, 15)
     _qa(cfg_all, "r2b", items)
-    s3 = review_stage.run(cfg_all, "r2b").manifest["stats"]
-    assert s3["sent"] == 0 and s3["already_in_label_studio"] == len(queue)
+    assert review_stage.run(cfg_all, "r2b").cache_hit  # the same queue: no new round
+    again, _ = review_stage.push(cfg_all, client, review_stage.read_queue(qa1.path), CLASSES, {}, "r2c")
+    assert again["sent"] == 0 and again["already_in_label_studio"] == len(queue)  # nothing twice
     tasks = client.tasks(pid)
     assert sorted(t["data"]["record_id"] for t in tasks) == sorted(queue.record_id)
 
