@@ -18,7 +18,7 @@ export AIRFLOW_CONN_SPARK_DEFAULT ?= {"conn_type": "spark", "host": "local[*]"}
 export PYSPARK_PYTHON := $(BIN)/python
 export SPARK_LOCAL_IP ?= 127.0.0.1
 
-.PHONY: demo test venv lint bench mlflow clean-var up down browser test-deps monitoring-deps pii-corpus pii-tables pii-models
+.PHONY: demo test venv lint bench mlflow clean-var up down browser test-deps monitoring-deps label-studio pii-corpus pii-tables pii-models
 
 # Run the whole pipeline on the bundled demo data, through Airflow.
 demo: $(VENV)/.installed
@@ -36,11 +36,20 @@ demo: $(VENV)/.installed
 # the check of docker/'s database init script, Prometheus, Alertmanager and the Pushgateway
 # (the monitoring stack of `make up` and its tests).
 browser: test-deps
-test-deps: monitoring-deps
+test-deps: monitoring-deps label-studio
 	@test -x /usr/bin/chromium -a -x /usr/bin/chromedriver || ( apt-get update -q && \
 	  DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends chromium chromium-driver )
 	@ls /usr/lib/postgresql/*/bin/initdb > /dev/null 2>&1 || command -v initdb > /dev/null || ( \
 	  apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends postgresql )
+
+# Label Studio in a virtual environment of its own (its pyarrow and pytz pins clash with
+# the pipeline's): make up's review service and the review-loop tests' server.
+LABEL_STUDIO := .venv-label-studio
+label-studio: $(LABEL_STUDIO)/.installed
+$(LABEL_STUDIO)/.installed: constraints-label-studio.txt
+	test -x $(LABEL_STUDIO)/bin/python || $(PYTHON) -m venv $(LABEL_STUDIO)
+	$(LABEL_STUDIO)/bin/pip install -q -c constraints-label-studio.txt label-studio
+	touch $@
 
 # Prometheus, Alertmanager and the Pushgateway from Debian (make up's monitoring stack).
 monitoring-deps:
@@ -57,10 +66,11 @@ lint: $(VENV)/.installed
 	$(BIN)/ruff check .
 
 # The local services: MLflow (UI + registry), airflow standalone (UI + REST API), the
-# router and the champion's model server; URLs and the credentials file are printed.
+# router and the champion's model server, Label Studio (127.0.0.1:8300, the review loop);
+# URLs and the credentials file are printed.
 # Logs in var/services/logs/. A second `up` is harmless; `down` stops only what `up`
 # (and the pipeline's deploy task) started.
-up: $(VENV)/.installed monitoring-deps
+up: $(VENV)/.installed monitoring-deps label-studio
 	@test -d var/demo/raw/daily || $(BIN)/intentops build-raw --out var/demo/raw --rows $(ROWS) \
 	  --seed $(SEED) --format csv --daily --source train > /dev/null
 	$(BIN)/intentops up
@@ -69,12 +79,13 @@ down: $(VENV)/.installed
 	$(BIN)/intentops down
 
 # Benchmarks (not part of the tests): results in benchmarks/results/, quoted in docs/BENCHMARKS.md.
-bench: $(VENV)/.installed
+bench: $(VENV)/.installed label-studio
 	$(BIN)/pip install -q -c constraints.txt -e '.[dev,bench]'
 	$(BIN)/python benchmarks/data_stages.py --stages clean dedup desensitize
 	$(BIN)/python benchmarks/pii_presidio.py --raw var/bench/raw-1000000 --sample 4000
 	$(BIN)/python benchmarks/pii_eval.py
 	$(BIN)/python benchmarks/labelqa.py
+	$(BIN)/python benchmarks/labeling.py
 	$(BIN)/python benchmarks/training.py --epochs 5
 	$(BIN)/python benchmarks/export.py --repeats 3
 

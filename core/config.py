@@ -189,6 +189,37 @@ class LabelQAConfig(_Section):
         return v
 
 
+class LabelingConfig(_Section):
+    """The review loop with Label Studio (quality/review_stage.py): the relabel queue goes
+    to a project there, reviewed labels come back as the ``reviewer`` annotation source."""
+
+    # auto: push when a Label Studio is configured (``url``, INTENTOPS_LABEL_STUDIO_URL, or
+    # the entry `make up` writes in var/services/credentials.json), skip saying why when
+    # none is; on: no Label Studio fails the task; off: skip, saying it is turned off.
+    enabled: Literal["auto", "on", "off"] = Field(
+        "auto", description="Send the relabel queue to Label Studio: auto (when one is "
+        "configured), on (required), off")
+    # Empty: INTENTOPS_LABEL_STUDIO_URL, else the local service of `make up`.
+    url: str = ""
+    # Empty: intentops-<dataset>, one project per dataset.
+    project: str = ""
+    # Items sent per round: a reviewer's sitting, not the whole queue at once (the
+    # most valuable first; the rest waits for the next round).
+    batch_size: int = Field(200, ge=1, le=100_000, description="Review items sent to Label "
+                            "Studio per round, most valuable first")
+    # Value of a review = score (1 - label quality: the chance the label is wrong) x
+    # (1 + class_balance_weight x rarity of the suggested class), rarity = 1 - its share of
+    # the largest class. 0 ranks by score alone.
+    class_balance_weight: float = Field(0.5, ge=0.0, le=10.0)
+    # How long the DAG's review_pull sensor waits for new reviews after the push before it
+    # skips (reviews finished later are pulled by the next run's sensor, or by
+    # `intentops review-pull`); 0: one poll. Bounded by the sensor's own 2 h timeout.
+    pull_wait_minutes: int = Field(5, ge=0, le=120, description="Minutes the review_pull "
+                                   "sensor waits for new Label Studio reviews after the push")
+    # HTTP timeout per request to Label Studio, seconds.
+    timeout_s: float = Field(30.0, gt=0, le=600)
+
+
 class TrackingConfig(_Section):
     # MLflow tracking server; MLFLOW_TRACKING_URI in the environment wins. Empty: a local
     # SQLite store under var/mlflow (what `make mlflow` serves).
@@ -509,6 +540,7 @@ class PipelineConfig(_Section):
     desensitize: DesensitizeConfig = Field(default_factory=DesensitizeConfig)
     validation: ValidationConfig = Field(default_factory=ValidationConfig)
     labelqa: LabelQAConfig = Field(default_factory=LabelQAConfig)
+    labeling: LabelingConfig = Field(default_factory=LabelingConfig)
     tracking: TrackingConfig = Field(default_factory=TrackingConfig)
     training: TrainingConfig = Field(default_factory=TrainingConfig)
     oos: OosConfig = Field(default_factory=OosConfig)

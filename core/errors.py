@@ -18,3 +18,9 @@ class StageVerdict(StageError):
     failed its parity check, a rollout was rolled back. A property of the data or the model,
     not a transient error: the DAG fails the task at once instead of retrying it, and the
     CLI exits with status 3."""
+
+
+class StageSkipped(StageError):
+    """The stage has nothing to do in this run and says why (an optional service that is
+    not configured, an upstream that published nothing): the DAG marks the task skipped
+    with the reason, the CLI prints it; neither is a silent success."""

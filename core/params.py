@@ -37,6 +37,8 @@ ALIASES: dict[str, str] = {
     "max_suspect_rate": "labelqa.max_suspect_rate",
     "max_conflict_rate": "labelqa.max_conflict_rate",
     "label_suspects": "labelqa.suspects",
+    "review_to_label_studio": "labeling.enabled",
+    "review_batch_size": "labeling.batch_size",
     "model": "training.hparams.model",
     "epochs": "training.hparams.epochs",
     "max_steps": "training.hparams.max_steps",

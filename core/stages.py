@@ -51,6 +51,9 @@ class Stage:
     retries: int = 2
     timeout_minutes: int = 45
     pool: str | None = None
+    # Airflow's trigger rule: "all_done" runs the stage after an upstream verdict stopped the
+    # run (the review push sends label QA's queue even when its gate failed).
+    trigger_rule: str = "all_success"
 
     @property
     def module(self) -> str:
@@ -71,7 +74,7 @@ class Stage:
     def describe(self) -> dict[str, Any]:
         return {"name": self.name, "upstream": list(self.upstream), "sections": list(self.sections),
                 "work": self.work, "check": self.check, "kind": self.kind,
-                "outputs": list(self.outputs), "summary": self.summary,
+                "outputs": list(self.outputs), "summary": self.summary, "trigger_rule": self.trigger_rule,
                 "code_version": self.code_version(),
                 "code_files": [str(p.relative_to(codeversion.PROJECT_ROOT))
                                for p in codeversion.code_files(self.module)]}
@@ -107,6 +110,10 @@ STAGES: tuple[Stage, ...] = (
           "annotator agreement, Dawid-Skene consensus, confident learning; the curated "
           "train/val/test split and the relabel queue",
           check="quality.labelqa_stage:check", retries=1),
+    Stage("review", ("labelqa",), ("labeling",), "quality.review_stage:run", ("push.json", "sent.csv"),
+          "sends the next round of the relabel queue to Label Studio, pre-labeled with the "
+          "suggestion; skipped, saying why, when no Label Studio is configured",
+          check="quality.review_stage:check", retries=2, timeout_minutes=20, trigger_rule="all_done"),
     Stage("train", ("clean", "dedup", "desensitize", "validate", "labelqa"), ("training", "clean", "oos", "tracking"), "training.task:run",
           ("model/", "metrics.json", "history.jsonl", "confusion_matrix.png",
            "classification_report.json", "config.json", "mlflow.json"),

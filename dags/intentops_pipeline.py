@@ -115,17 +115,17 @@ def python_stage(stage: Stage):
     the stage published its outputs (reports, queues, charts) for people to read."""
     name = stage.name
 
-    @task(task_id=name, doc_md=stage.summary, retries=stage.retries,
+    @task(task_id=name, doc_md=stage.summary, retries=stage.retries, trigger_rule=stage.trigger_rule,
           execution_timeout=timedelta(minutes=stage.timeout_minutes),
           **({"pool": stage.pool} if stage.pool else {}))
     def run_stage(config_path: str, run_id: str) -> str:
         import os
 
-        from airflow.sdk.exceptions import AirflowFailException
+        from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
 
         from core import stages
         from core.runs import load_run_config
-        from core.stage import StageVerdict
+        from core.stage import StageSkipped, StageVerdict
 
         # Who moves an alias (promotion, registration): recorded in the alias history.
         os.environ["INTENTOPS_ACTOR"] = f"airflow:intentops_pipeline/{run_id}"
@@ -147,6 +147,8 @@ def python_stage(stage: Stage):
             print(st.verdict(cfg, result))
         except StageVerdict as exc:
             raise AirflowFailException(str(exc)) from None
+        except StageSkipped as exc:  # e.g. no Label Studio configured: skipped, with the reason
+            raise AirflowSkipException(str(exc)) from None
         return result.path
 
     return run_stage
@@ -272,6 +274,36 @@ def intentops_pipeline():
         config_path >> tasks[s.name]
         for up in s.upstream:
             tasks[up] >> tasks[s.name]
+    # Reviewed labels come back by polling (a webhook into Airflow's REST API would need a
+    # token that expires): reschedule mode frees the worker slot between pokes. No new
+    # review within labeling.pull_wait_minutes of the push skips it, saying so; the next
+    # run pulls again. The 2 h timeout (soft fail) only bounds a misconfiguration.
+    @task.sensor(task_id="review_pull", poke_interval=60, timeout=2 * 60 * 60, mode="reschedule",
+                 soft_fail=True, retries=2)
+    def review_pull(config_path: str, run_id: str):
+        """Pulls finished Label Studio annotations into the lake's `reviewer` source; done
+        when there is something new for the next label-QA run."""
+        from airflow.sdk import PokeReturnValue
+        from airflow.sdk.exceptions import AirflowSkipException
+
+        from core.runs import load_run_config
+        from core.stage import StageSkipped
+        from quality import review_stage
+
+        cfg = load_run_config(config_path)
+        try:
+            got = review_stage.pull(cfg)
+        except StageSkipped as exc:
+            raise AirflowSkipException(str(exc)) from None
+        print(f"review_pull: {got}")
+        fresh = got["new_annotations"] + got["edited_annotations"]
+        if not fresh and review_stage.waited_enough(cfg, run_id):
+            raise AirflowSkipException(
+                f"no new reviews within labeling.pull_wait_minutes={cfg.labeling.pull_wait_minutes} of "
+                "the push; the next run's pull (or `intentops review-pull`) brings them in")
+        return PokeReturnValue(is_done=fresh > 0, xcom_value=got if fresh else None)
+
+    tasks["review"] >> review_pull(config_path)
     last = tasks[STAGES[-1].name]
     summarized = summary(config_path)
     last >> summarized

@@ -31,7 +31,7 @@ import time
 from collections.abc import Callable
 
 from core import stages
-from core.stage import StageError, StageVerdict
+from core.stage import StageError, StageSkipped, StageVerdict
 
 
 def _with_config(p: argparse.ArgumentParser, run_id: bool = True) -> argparse.ArgumentParser:
@@ -72,6 +72,10 @@ def build_parser() -> argparse.ArgumentParser:
     kp.add_argument("fingerprint", nargs="?", help="the key to revoke (from `keys list`)")
     ro = _with_config(dsub.add_parser("rollout", help=stages.get("deploy").summary))
     ro.set_defaults(cmd="deploy", stage="deploy")
+    rp = _with_config(sub.add_parser("review-pull", help="merge finished Label Studio annotations into "
+                                     "the lake's reviewer source (what the DAG's review_pull sensor does)"),
+                      run_id=False)
+    rp.set_defaults(cmd="review-pull")
     for name, help_ in (("up", "start the local services: MLflow server, airflow standalone, serving"),
                         ("down", "stop what `up` started (and the serving processes)"),
                         ("services", "URLs, credentials file and state of the local services")):
@@ -161,13 +165,29 @@ def _handler(args: argparse.Namespace) -> Callable[[argparse.Namespace], int]:
         return _pii
     return {"audit": _audit, "stages": _stages, "run": _run, "up": _services, "down": _services,
             "services": _services, "summary": _summary, "leak-scan": _leak_scan,
-            "evaluate": _evaluate}[args.cmd]
+            "evaluate": _evaluate, "review-pull": _review_pull}[args.cmd]
+
+
+def _review_pull(args: argparse.Namespace) -> int:
+    import json
+
+    from quality import review_stage
+
+    try:
+        print(json.dumps(review_stage.pull(_config(args)), indent=2))
+    except StageSkipped as exc:
+        print(f"SKIPPED: {exc}", file=sys.stderr)
+    return 0
 
 
 def _run_one(name: str, cfg, run_id: str) -> None:
     """One stage: its work, its published result, then its verdict (StageVerdict stops)."""
     st = stages.get(name)
-    result = st.run(cfg, run_id)
+    try:
+        result = st.run(cfg, run_id)
+    except StageSkipped as exc:  # said, not silent; the run goes on
+        print(f"SKIPPED {name}: {exc}", file=sys.stderr)
+        return
     print(result.to_json())
     print(st.verdict(cfg, result), file=sys.stderr)
 
@@ -191,14 +211,26 @@ def _run(args: argparse.Namespace) -> int:
     from core import runs
 
     cfg, run_id = _config(args), _run_id(args)
+    order = stages.through(args.through)
+    failed: list[str] = []
     try:
-        for s in stages.through(args.through):
-            _run_one(s.name, cfg, run_id)
+        for i, s in enumerate(order):
+            try:
+                _run_one(s.name, cfg, run_id)
+            except StageVerdict:
+                raise
+            except StageError as exc:
+                # A side branch no later stage reads (the review push with Label Studio
+                # down) fails alone, as in the DAG: the run goes on, the exit status says so.
+                if any(s.name in stages.ancestors(t.name) for t in order[i + 1:]):
+                    raise
+                print(f"ERROR in {s.name} (no later stage needs it; going on): {exc}", file=sys.stderr)
+                failed.append(s.name)
     finally:  # the summary says where a stopped run stopped (when any stage published)
         with contextlib.suppress(StageError):
             runs.write_summary(runs.save_run_config(cfg, run_id), run_id)
             print(runs.latest_summary(cfg.lake), end="")
-    return 0
+    return 2 if failed else 0
 
 
 def _stages(args: argparse.Namespace) -> int:

@@ -58,13 +58,16 @@ SERVED_FILES: dict[str, tuple[str, ...]] = {
     "validate": ("validation_result.json", "data_docs/"),
     "labelqa": ("qa_report.html", "metrics.json", "relabel_queue.csv", "relabel_queue.json",
                 "label_studio_config.xml"),
+    # The round's items are label QA's masked queue rows, with their Label Studio task ids.
+    "review": ("push.json", "sent.csv"),
     "train": ("metrics.json", "history.jsonl", "classification_report.json", "confusion_matrix.png"),
     "register": ("behaviour.json", "decision.json"),
     "export": ("report.md", "report.json", "speed.png"),
     "deploy": ("rollout.json", "rollout.png"),
 }
 TITLES = {"clean": "Clean", "dedup": "Deduplicate", "desensitize": "Desensitize",
-          "validate": "Validation gate", "labelqa": "Label QA", "train": "Training",
+          "validate": "Validation gate", "labelqa": "Label QA", "review": "Review (Label Studio)",
+          "train": "Training",
           "register": "Registration", "export": "Export", "deploy": "Canary deployment"}
 # Airflow task states that mean the stage's task did not succeed.
 _FAILED_STATES = {"failed": "the task failed before it published an output; see its log",
@@ -118,6 +121,9 @@ class Report:
 
 
 def _status(name: str, row: dict[str, Any] | None, state: str | None) -> tuple[str, str]:
+    if row is None and name == "review" and state in (None, "skipped"):
+        # Optional: without a Label Studio the push skips (its log says why); not a gap.
+        return "skipped", "nothing sent to Label Studio (none configured, or turned off: see the task's log)"
     if row is None:
         if state in _FAILED_STATES:
             return ("failed" if state == "failed" else "not run"), _FAILED_STATES[state]
@@ -496,6 +502,14 @@ def _section_body(rep: Report, v: StageView, figs: dict[str, str], link: _Links)
         parts.append(_validate(v, link))
     elif v.name == "labelqa":
         parts.append(_labelqa(v, link))
+    elif v.name == "review":
+        push = v.json("push.json") or {}
+        parts.append(_kv([("project", push.get("project")), ("round", push.get("round")),
+                          ("items sent", push.get("sent")),
+                          ("already in Label Studio", push.get("already_in_label_studio")),
+                          ("already reviewed", push.get("already_reviewed")),
+                          ("left for later rounds", push.get("left_for_next_rounds"))]))
+        parts.append(f"<p>{link('review', 'sent.csv', 'Items sent')}</p>")
     elif v.name == "train":
         parts.append(_train(v, figs, link))
     elif v.name == "register":

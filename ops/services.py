@@ -12,6 +12,10 @@
   dag-processor, triggerer; LocalExecutor, SQLite) in the project's ``AIRFLOW_HOME``, its
   tasks logging to that MLflow server;
 * the serving stack (``deploy/``): the router and, once a model is champion, its server;
+* Label Studio (``ops/labelstudio_service.py``), the review loop's labeling tool, from its
+  own virtual environment ``.venv-label-studio`` on 127.0.0.1:8300 with a generated admin
+  and API token (the ``label_studio`` entry of ``var/services/credentials.json``); like
+  monitoring, when it is not installed or does not start, ``up`` says so and goes on;
 * the monitoring stack (``ops/monitoring/``): Prometheus (scraping the router, the model
   servers, the autoscaler and the Pushgateway, with the alert rules), Alertmanager, the
   Pushgateway (training and pipeline metrics) and the project's alert receiver (the audit
@@ -47,7 +51,7 @@ from typing import Any
 
 import httpx
 
-from core import procs, registry_auth
+from core import labeling_auth, procs, registry_auth
 from core.config import PROJECT_ROOT, PipelineConfig, load_config
 
 
@@ -60,13 +64,15 @@ class Ports:
     host: str
     airflow: int
     mlflow: int
+    label_studio: int = labeling_auth.PORT
 
     @classmethod
     def from_env(cls, env: dict[str, str] | None = None) -> Ports:
         env = os.environ if env is None else env
         return cls(host=env.get("INTENTOPS_SERVICES_HOST", "127.0.0.1"),
                    airflow=int(env.get("INTENTOPS_AIRFLOW_PORT", "8080")),
-                   mlflow=int(env.get("INTENTOPS_MLFLOW_PORT", "5000")))
+                   mlflow=int(env.get("INTENTOPS_MLFLOW_PORT", "5000")),
+                   label_studio=int(env.get("INTENTOPS_LABEL_STUDIO_PORT", str(labeling_auth.PORT))))
 
 
 def _root(cfg: PipelineConfig) -> Path:
@@ -110,6 +116,10 @@ class Services:
     @property
     def mlflow_url(self) -> str:
         return f"http://{self.ports.host}:{self.ports.mlflow}"
+
+    @property
+    def label_studio_url(self) -> str:
+        return f"http://{self.ports.host}:{self.ports.label_studio}"
 
     # -- state --------------------------------------------------------------------------
 
@@ -155,6 +165,8 @@ class Services:
             **registry_auth.client_env(self.registry_credentials()),  # the pipeline user
             "INTENTOPS_PUSHGATEWAY_URL": self.mon_ports.url("pushgateway"),
             **self.mon_ports.statsd_env(),
+            # The review task finds Label Studio here; its token in the credentials file.
+            "INTENTOPS_LABEL_STUDIO_URL": self.label_studio_url,
             "PYTHONPATH": os.pathsep.join([str(PROJECT_ROOT), *filter(None, [env.get("PYTHONPATH")])]),
         })
         return env
@@ -228,6 +240,7 @@ class Services:
             raise ServiceError(f"mlflow users not provisioned: {e}; see {state['mlflow']['log']}") from e
 
         started += self._monitoring_up(state, env)
+        started += self._label_studio_up(state)
 
         if not self.alive(state.get("airflow")):
             for cmd in (["db", "migrate"],
@@ -282,6 +295,37 @@ class Services:
                 print(f"monitoring: {exc}", file=sys.stderr)
         return started
 
+    def _label_studio_up(self, state: dict[str, Any]) -> list[str]:
+        """Label Studio, tolerant like monitoring: not installed or not starting is said
+        and recorded (``intentops services`` shows it), and the rest runs without it: the
+        review task then skips, saying why, or fails when labeling.enabled is on."""
+        from ops import labelstudio_service as ls
+
+        if self.alive(state.get("label_studio")):
+            return []
+        if not ls.executable().exists():
+            state["label_studio_error"] = f"{ls.executable()} missing: run `make label-studio`"
+            self._save(state)
+            print(f"label studio not started: {state['label_studio_error']}", file=sys.stderr)
+            return []
+        state.pop("label_studio_error", None)
+        creds = labeling_auth.LabelStudioCredentials.load_or_create(self.credentials_file)
+        data = self.root / "label-studio"
+        data.mkdir(parents=True, exist_ok=True)
+        t0 = time.monotonic()
+        state["label_studio"] = self._spawn("label_studio", ls.command(self.ports.host, self.ports.label_studio,
+                                                                       data), ls.environment(creds, data))
+        self._save(state)
+        try:  # the first start migrates its database (about 30 s here)
+            self._wait("label_studio", state["label_studio"], f"{self.label_studio_url}/health", 300)
+        except ServiceError as exc:
+            state["label_studio_error"] = str(exc)
+            self._save(state)
+            print(f"label studio: {exc}", file=sys.stderr)
+            return []
+        print(f"label studio ready in {time.monotonic() - t0:.0f}s at {self.label_studio_url}", file=sys.stderr)
+        return ["label_studio"]
+
     def describe(self, state: dict[str, Any] | None = None) -> dict[str, Any]:
         state = self.state() if state is None else state
         from deploy.deployment import Deployment
@@ -300,6 +344,10 @@ class Services:
             **{name: {"url": self.mon_ports.url(PORT.get(name, name)), "running": self.alive(state.get(name))}
                for name in self.MONITORING},
             **({"monitoring_error": state["monitoring_error"]} if state.get("monitoring_error") else {}),
+            "label_studio": {"url": self.label_studio_url, "running": self.alive(state.get("label_studio")),
+                             "user": labeling_auth.ADMIN_EMAIL, "credentials_file": _rel(self.credentials_file),
+                             "credentials_key": labeling_auth.KEY,
+                             **({"error": state["label_studio_error"]} if state.get("label_studio_error") else {})},
             "logs": _rel(self.logs),
         }
 
@@ -308,7 +356,7 @@ class Services:
 
         stopped = [f"serving: {s}" for s in Deployment(self.cfg).stop()]
         state = self.state()
-        for name in ("airflow", *reversed(self.MONITORING), "mlflow"):  # tasks may still write to MLflow
+        for name in ("airflow", "label_studio", *reversed(self.MONITORING), "mlflow"):  # tasks may still write to MLflow
             proc = state.get(name)
             if self.alive(proc):
                 self._kill_group(proc)

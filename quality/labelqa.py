@@ -45,6 +45,10 @@ Outputs (published as one stage): ``curated/`` (consensus labels, suspects handl
 split), ``relabel_queue.csv`` and ``relabel_queue.json`` (Label Studio tasks with the
 suggested label as a prediction, plus ``label_studio_config.xml``), ``metrics.json`` and
 ``qa_report.html``.
+
+Reviewed labels (the lake's ``reviewer`` source, from Label Studio: ``quality/review.py``)
+are applied by the stage after this analysis: a reviewed label wins over the consensus and
+never enters the agreement figures.
 """
 
 from __future__ import annotations
@@ -387,6 +391,8 @@ def curated(a: Analysis, cfg: LabelQAConfig) -> pd.DataFrame:
         "item_agreement": d.item_agreement,
         "n_annotations": d.n_annotations,
         "cluster_id": d.get("cluster_id", d.record_id),
+        # "reviewer" where a reviewed label (Label Studio) won over the consensus.
+        "label_source": d.get("label_source", pd.Series("consensus", index=d.index)),
     })[keep].reset_index(drop=True)
     out["split"] = split_groups(out.label, out.cluster_id, cfg.split, cfg.seed)
     return out

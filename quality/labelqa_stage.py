@@ -19,7 +19,7 @@ import pandas as pd
 
 from core import runs, stage, stages, tracking
 from core.config import PipelineConfig
-from quality import qareport
+from quality import qareport, review
 from quality.labelqa import (
     QAGateFailed,
     analyze,
@@ -42,6 +42,10 @@ def run(cfg: PipelineConfig, run_id: str) -> stage.StageResult:
     classes = runs.run_labels(cfg.lake, run_id)
     qa = cfg.labelqa
     inputs = {"desensitize": {"key": src.manifest["key"]}}
+    # Reviewed labels from Label Studio (the ``reviewer`` source): a new pull changes the key.
+    store = review.ReviewStore(cfg.lake)
+    if store.fingerprint():
+        inputs["reviewer_annotations"] = {"version": store.fingerprint()}
     stage_cfg = {"labelqa": qa.model_dump(), "labels": classes}
     code = stages.code_version(STAGE)
     key = stage.stage_key(STAGE, inputs, stage_cfg, code)
@@ -52,9 +56,17 @@ def run(cfg: PipelineConfig, run_id: str) -> stage.StageResult:
         # Each kept row is a dedup survivor standing for its whole cluster.
         items["cluster_id"] = items.record_id
         a = analyze(items, classes, qa)
+        resolved, review_info = review.resolve(store.annotations(), classes)
+        a.items = review.apply(a.items, resolved)
         cur = curated(a, qa)
         queue = relabel_queue(a)
         m = metrics(a, cur, queue) | {"consensus_method": qa.consensus}
+        m["review"] = review_info | {
+            "items_reviewed": int(len(resolved)),
+            "applied": int((a.items.label_source == "reviewer").sum()),
+            "unresolved_ties": int(resolved.reviewed_label.isna().sum()) if len(resolved) else 0,
+            "rounds": review.rounds(a.items, resolved),
+        }
         gate = gate_checks(m, qa)
         m["gate"] = gate
         (out / "curated").mkdir()

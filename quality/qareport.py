@@ -90,6 +90,25 @@ def _table(rows: list[dict[str, Any]], cols: list[str]) -> str:
     return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
 
 
+def _review_section(r: dict[str, Any]) -> str:
+    """Review rounds (Label Studio): what reviewers did to the labels, round by round."""
+    rows = [x | {"changed_by_class": ", ".join(f"{k}: {v}" for k, v in x["changed_by_class"].items())}
+            for x in r.get("rounds") or []]
+    if not rows and not r.get("reviewer_annotations"):
+        return ("<h2>Review rounds</h2><p>No reviewed labels yet (the relabel queue goes to "
+                "Label Studio with the <code>review</code> task; see README, the review loop).</p>")
+    bad = r.get("outside_label_set", 0)
+    return (f"<h2>Review rounds</h2><p>{r.get('items_reviewed', 0)} items reviewed, "
+            f"{r.get('applied', 0)} reviewed labels applied over the consensus, "
+            f"{r.get('unresolved_ties', 0)} left open (reviewers disagree); "
+            f"{bad} reviewer labels outside the label set kept out"
+            + (f" ({html.escape(', '.join(r.get('outside_label_set_examples') or []))})" if bad else "")
+            + ". Reviewer labels are not in the agreement figures above. The model's accuracy "
+              "after a round is the training run that follows it (MLflow).</p>"
+            + _table(rows, ["round", "items_reviewed", "resolved", "unresolved_ties",
+                            "agreed_with_suggestion", "labels_changed", "changed_by_class"]))
+
+
 def render(items: pd.DataFrame, ann: pd.DataFrame, metrics: dict[str, Any], queue: pd.DataFrame,
            gate: dict[str, Any], run_id: str | None) -> str:
     figs = figures(items, ann, metrics)
@@ -152,6 +171,7 @@ Classes by conflict rate (an item counts toward every label its cluster carries)
 <h2>Plots</h2>{img}
 <h2>Annotators</h2>{_table(a.get("per_annotator") or [], ["annotator", "annotations", "accuracy", "pseudo"])}
 <h3>Least agreeing annotator pairs (Cohen's kappa)</h3>{_table(pairs, ["a", "b", "items", "kappa", "observed"])}
+{_review_section(metrics.get("review") or {})}
 <h2>Relabel queue (top 25 of {len(queue)})</h2>
 {_table(top, ["rank", "record_id", "text", "given_label", "annotations", "suggested_label", "score", "reason"])}
 <p>The whole queue: <a href="relabel_queue.csv">relabel_queue.csv</a>,

@@ -117,6 +117,50 @@ def mlflow_server(tmp_path_factory, project_env, registry_credentials):
         proc.kill()
 
 
+@pytest.fixture(scope="session")
+def label_studio(tmp_path_factory):
+    """A real Label Studio server for the session, started as `make up` starts it (its own
+    virtual environment, SQLite, 127.0.0.1, generated admin and token), on a free port so
+    a developer's `make up` on 8300 and other test sessions never collide. Yields
+    ``(url, credentials)``. Skipped only when ``.venv-label-studio`` is missing:
+    `make test-deps` (part of `make test`, so CI) creates it."""
+    import signal
+    import subprocess
+    import time
+    import urllib.request
+
+    from core.labeling_auth import LabelStudioCredentials
+    from ops import labelstudio_service as ls
+
+    if not ls.executable().exists():
+        pytest.skip(f"{ls.executable()} is missing: run `make label-studio` (make test-deps does)")
+    base = tmp_path_factory.mktemp("label-studio")
+    creds = LabelStudioCredentials.load_or_create(base / "credentials.json")
+    port = _free_port()
+    log = (base / "server.log").open("w")
+    proc = subprocess.Popen(ls.command("127.0.0.1", port, base / "data"), env=ls.environment(creds, base / "data"),
+                            stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.time() + 300  # the first start migrates a new database
+    while True:
+        try:
+            with urllib.request.urlopen(f"{url}/health", timeout=2) as r:
+                if r.status == 200:
+                    break
+        except OSError:
+            pass
+        if proc.poll() is not None or time.time() > deadline:
+            os.killpg(proc.pid, signal.SIGKILL)
+            raise RuntimeError("label studio did not start: " + (base / "server.log").read_text()[-3000:])
+        time.sleep(1)
+    yield url, creds
+    os.killpg(proc.pid, signal.SIGTERM)
+    try:
+        proc.wait(timeout=20)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+
+
 EXPORT_CLASSES = ["age_limit", "apple_pay_or_google_pay", "card_arrival", "exchange_rate", "top_up_failed",
                   "lost_or_stolen_card", "pin_blocked", "cash_withdrawal_charge"]
 

@@ -733,6 +733,23 @@ def test_the_registry_asks_who_you_are_in_compose():
         assert depends_on(compose[name])["mlflow-users"]["condition"] == "service_completed_successfully"
 
 
+def test_label_studio_in_compose_is_the_pinned_version_with_the_workers_token():
+    compose = resolved_compose()["services"]
+    ls = compose["label-studio"]
+    pin = next(line.split("==")[1] for line in (ROOT / "constraints-label-studio.txt").read_text().splitlines()
+               if line.startswith("label-studio=="))
+    assert ls["image"].endswith(f":{pin}")  # the same version as the local shape's venv
+    env, worker = environment(ls), environment(compose["airflow-worker"])
+    assert env["LABEL_STUDIO_USER_TOKEN"] == worker["INTENTOPS_LABEL_STUDIO_TOKEN"]
+    assert env["LABEL_STUDIO_PASSWORD"] and env["LABEL_STUDIO_DISABLE_SIGNUP_WITHOUT_LINK"] == "true"
+    assert urlsplit(worker["INTENTOPS_LABEL_STUDIO_URL"]).hostname == "label-studio"
+    assert worker["INTENTOPS_REVIEWER_KEY"]
+    # config-check refuses the example's change-me for all three.
+    checked = environment(compose["config-check"])
+    assert {"CHECK_LABEL_STUDIO_ADMIN_PASSWORD", "CHECK_LABEL_STUDIO_API_TOKEN",
+            "CHECK_INTENTOPS_REVIEWER_KEY"} <= set(checked)
+
+
 def test_the_monitoring_profile_uses_the_projects_rules_and_generated_configs():
     import yaml
 

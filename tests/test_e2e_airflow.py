@@ -30,6 +30,8 @@ def airflow_env(tmp_path_factory, project_env, mlflow_server):
         AIRFLOW__CORE__LOAD_EXAMPLES="False",
         AIRFLOW_CONN_SPARK_DEFAULT='{"conn_type": "spark", "host": "local[2]"}',
         INTENTOPS__LAKE_ROOT=str(base / "lake"),
+        # Not the checkout's services: no Label Studio here, so the review task skips (saying why).
+        INTENTOPS_SERVICES_ROOT=str(base / "services"),
         INTENTOPS__SPARK__DRIVER_MEMORY="2g",
         MLFLOW_TRACKING_URI=mlflow_server,
         INTENTOPS__TRAINING__NPROC_PER_NODE="2",

@@ -59,6 +59,7 @@ def services(tmp_path_factory, project_env):
         INTENTOPS_STATSD_HTTP_PORT=str(_free_port()),
         # An alert of this name (the test posts it as Alertmanager would) triggers the DAG.
         INTENTOPS_ALERT_DAG_TRIGGERS=json.dumps({"IntentopsRetrainRequested": DAG}),
+        INTENTOPS_LABEL_STUDIO_PORT=str(_free_port()),
         AIRFLOW_CONN_SPARK_DEFAULT='{"conn_type": "spark", "host": "local[2]"}',
         INTENTOPS__SPARK__DRIVER_MEMORY="2g",
         INTENTOPS__LAKE_ROOT=str(base / "lake"),
@@ -134,6 +135,16 @@ def test_up_prints_urls_and_a_second_up_is_harmless(services):
     assert _json_tail(again.stdout)["started"] == []
     after = json.loads((base / "services" / "state.json").read_text())
     assert {k: after[k]["pid"] for k in ("airflow", "mlflow")} == {k: state[k]["pid"] for k in ("airflow", "mlflow")}
+
+    # Label Studio (the review loop) too, with its generated admin and token in the same
+    # private file, answering only with the token.
+    ls = info["label_studio"]
+    assert ls["running"] and ls["url"].startswith("http://127.0.0.1:"), ls
+    token = json.loads(creds_file.read_text())["label_studio"]["api_token"]
+    assert token not in json.dumps(info)
+    assert httpx.get(f"{ls['url']}/api/projects/").status_code == 401
+    assert httpx.get(f"{ls['url']}/api/projects/", headers={"Authorization": f"Token {token}"}).status_code == 200
+    assert "label_studio" in after
 
     # The monitoring stack runs beside them; one of it down is reported, not fatal, and
     # the next `up` starts it again.

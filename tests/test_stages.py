@@ -22,7 +22,7 @@ PACKAGES = ("core", "textnorm", "pii", "contract", "jobs", "quality", "training"
 
 
 def test_registry_order_and_upstreams():
-    assert stages.NAMES == ("clean", "dedup", "desensitize", "validate", "labelqa", "train",
+    assert stages.NAMES == ("clean", "dedup", "desensitize", "validate", "labelqa", "review", "train",
                             "register", "export", "deploy")
     for i, s in enumerate(stages.STAGES):
         assert set(s.upstream) <= set(stages.NAMES[:i]), s.name
@@ -101,7 +101,7 @@ def test_an_indirectly_imported_helper_changes_exactly_the_stages_that_import_it
     # The text normalization: clean (labels, text), label QA, and training's data reader
     # (so register and export too); dedup has its own Spark version of the key, and the
     # later stages read the label set clean published.
-    assert _changed(tree, "textnorm/__init__.py") == {"clean", "labelqa", "train", "register",
+    assert _changed(tree, "textnorm/__init__.py") == {"clean", "labelqa", "review", "train", "register",
                                                       "export", "deploy"}
 
 
