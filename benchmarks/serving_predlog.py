@@ -205,7 +205,7 @@ class Scraper:
                     r.read()
                     self.count += r.status == 200
 
-    def __enter__(self) -> "Scraper":
+    def __enter__(self) -> Scraper:
         if self.urls:
             self._thread.start()
         return self

@@ -124,10 +124,8 @@ def oos_shift(base_oos: int, base_n: int, win_oos: int, win_n: int, alpha: float
                 "window_rate": round(win_oos / win_n, 4) if win_n else None,
                 "note": f"no baseline yet ({base_n} earlier predictions of this version)"}
     table = np.array([[win_oos, win_n - win_oos], [base_oos, base_n - base_oos]])
-    if (table.sum(axis=0) == 0).any():  # all or none out of scope on both sides: no change
-        p = 1.0
-    else:
-        p = float(chi2_contingency(table)[1])
+    # All or none out of scope on both sides: nothing changed (and no test is defined).
+    p = 1.0 if (table.sum(axis=0) == 0).any() else float(chi2_contingency(table)[1])
     change = win_oos / win_n - base_oos / base_n
     return {"test": "oos_rate", "window_rate": round(win_oos / win_n, 4), "baseline_rate": round(base_oos / base_n, 4),
             "change": round(change, 4), "p_value": p, "shifted": _verdict(p, abs(change), alpha, min_change)}
