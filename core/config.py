@@ -509,13 +509,17 @@ class MonitoringConfig(_Section):
                                  "window for a drift verdict")
     # Embedding drift runs on a sample of each side: its cost does not grow with traffic.
     embedding_sample: int = Field(1000, ge=50, le=20000, description="Messages of the window "
-                                  "and of the reference embedded for the domain classifier")
+                                  "embedded for the novelty test")
+    reference_sample: int = Field(3000, ge=100, le=50000, description="Reference messages "
+                                  "embedded (once per champion): a third calibrates, the rest is the neighbour bank")
     # alpha is per test; the check runs four (Bonferroni: about 1 false alarm per 1,000
     # windows at 1e-3 is the target, so each test gets a quarter of it).
     alpha: float = Field(2.5e-4, gt=0, lt=0.5, description="p-value below which a test counts "
                          "as shifted (per test)")
-    min_auc: float = Field(0.56, gt=0.5, le=1.0, description="Domain classifier AUC (window vs "
-                           "reference embeddings) at or above which embeddings have drifted")
+    novelty_quantile: float = Field(0.95, ge=0.5, lt=1.0, description="Quantile of the reference's "
+                                    "nearest-neighbour distance beyond which a message counts as novel")
+    min_novel_excess: float = Field(0.03, gt=0, le=1.0, description="Share of novel messages above "
+                                    "the reference's that counts as embedding drift")
     min_label_tvd: float = Field(0.15, gt=0, le=1.0, description="Total variation distance "
                                  "between predicted and training label shares that counts as a shift")
     min_confidence_ks: float = Field(0.1, gt=0, le=1.0, description="KS statistic of the "

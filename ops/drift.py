@@ -6,10 +6,9 @@ p-value, its effect size and whether it counts as shifted, which needs both a p-
 below ``alpha`` and an effect at or above the configured minimum (a long window makes any
 tiny difference significant; a difference too small to matter must not retrain).
 
-* ``embedding_drift``: a domain classifier (scikit-learn's logistic regression) told to
-  separate the window's sentence embeddings from the reference's; its out-of-fold AUC is
-  the Mann-Whitney U statistic of its scores, so the p-value is scipy's ``mannwhitneyu``.
-  AUC 0.5: the classifier cannot tell them apart.
+* ``embedding_drift``: novelty of the window's sentence embeddings: the share of
+  messages farther from the reference (k nearest neighbours) than 95% of held-out
+  reference messages, against that 5% (Fisher's exact test).
 * ``label_shift``: predicted-label shares of the window against the training labels'
   shares (chi-square goodness of fit; total variation distance as the effect).
 * ``confidence_shift``: the max-softmax confidence against the same model's baseline
@@ -19,8 +18,10 @@ tiny difference significant; a difference too small to matter must not retrain).
 
 Why not Evidently: its 0.7 line installs against our pins, but brings 14 more packages
 (a web server, plotly, dynaconf, usage telemetry on by default) into the pipeline's
-environment, and its embedding drift is the same domain classifier / MMD over
-scikit-learn; the tests here are scipy's and scikit-learn's, already pinned.
+environment, and its embedding drift offers a domain classifier or MMD over
+scikit-learn, whose whole-distribution figures missed a 30% share of unseen intents in
+500 messages here (domain classifier AUC 0.54) where the nearest-neighbour tail test
+finds 20%; the tests here are scipy's and scikit-learn's, already pinned.
 """
 
 from __future__ import annotations
@@ -58,26 +59,35 @@ def _verdict(p: float | None, effect: float | None, alpha: float, min_effect: fl
     return p is not None and effect is not None and p < alpha and effect >= min_effect
 
 
-def embedding_drift(reference: np.ndarray, window: np.ndarray, alpha: float, min_auc: float,
-                    seed: int = 0, folds: int = 5) -> dict[str, Any]:
-    """Domain classifier AUC of window vs reference embeddings, out of fold."""
-    from scipy.stats import mannwhitneyu
-    from sklearn.linear_model import LogisticRegression
-    from sklearn.model_selection import StratifiedKFold, cross_val_predict
+def embedding_drift(bank: np.ndarray, calibration: np.ndarray, window: np.ndarray, alpha: float,
+                    min_excess: float, quantile: float = 0.95, k: int = 5) -> dict[str, Any]:
+    """Novelty of the window's sentence embeddings against the reference's.
 
-    if len(reference) < folds or len(window) < folds:
-        return {"test": "domain_classifier", "auc": None, "p_value": None, "shifted": False,
-                "note": f"too few embeddings ({len(reference)} reference, {len(window)} window)"}
-    x = np.vstack([reference, window])
-    y = np.r_[np.zeros(len(reference)), np.ones(len(window))]
-    clf = LogisticRegression(C=1.0, max_iter=500)
-    cv = StratifiedKFold(folds, shuffle=True, random_state=seed)
-    scores = cross_val_predict(clf, x, y, cv=cv, method="decision_function")
-    u, p = mannwhitneyu(scores[y == 1], scores[y == 0], alternative="greater")
-    auc = float(u) / (len(window) * len(reference))
-    return {"test": "domain_classifier", "auc": round(auc, 4), "p_value": float(p),
-            "reference_n": int(len(reference)), "window_n": int(len(window)),
-            "shifted": _verdict(float(p), auc, alpha, min_auc)}
+    Each message is scored by its mean distance to its ``k`` nearest neighbours in the
+    reference ``bank`` (scikit-learn's ``NearestNeighbors``). ``calibration`` (reference
+    messages outside the bank) sets the ``quantile`` of that score: under no drift about
+    1 - quantile of the window lies beyond it. The test is Fisher's exact test (scipy) of
+    the window's share beyond it against the calibration's; the effect is the excess share.
+    Messages of intents the model never saw sit far from every training message: a tail
+    test finds a 10-20% share of them where a whole-distribution test (a domain
+    classifier's AUC, a rank test of the scores) dilutes them with the rest."""
+    from scipy.stats import fisher_exact
+    from sklearn.neighbors import NearestNeighbors
+
+    if len(bank) < k or len(calibration) < 20 or len(window) < 20:
+        return {"test": "embedding_novelty", "excess": None, "p_value": None, "shifted": False,
+                "note": f"too few embeddings ({len(bank)} bank, {len(calibration)} calibration, {len(window)} window)"}
+    nn = NearestNeighbors(n_neighbors=k).fit(bank)
+    cal = nn.kneighbors(calibration)[0].mean(axis=1)
+    win = nn.kneighbors(window)[0].mean(axis=1)
+    edge = float(np.quantile(cal, quantile))
+    a, b = int((win > edge).sum()), int((cal > edge).sum())
+    p = float(fisher_exact([[a, len(win) - a], [b, len(cal) - b]], alternative="greater")[1])
+    excess = a / len(win) - b / len(cal)
+    return {"test": "embedding_novelty", "excess": round(excess, 4), "p_value": p,
+            "window_beyond": round(a / len(win), 4), "calibration_beyond": round(b / len(cal), 4),
+            "window_n": int(len(window)), "bank_n": int(len(bank)), "calibration_n": int(len(calibration)),
+            "shifted": _verdict(p, excess, alpha, min_excess)}
 
 
 def label_shift(reference: Mapping[str, int], window: Mapping[str, int], alpha: float,
@@ -144,6 +154,6 @@ def verdict(tests: Sequence[Mapping[str, Any]]) -> tuple[bool, list[str]]:
     reasons = []
     for t in tests:
         if t.get("shifted"):
-            figure = {k: t[k] for k in ("auc", "tvd", "ks", "change", "accuracy") if t.get(k) is not None}
+            figure = {k: t[k] for k in ("excess", "tvd", "ks", "change", "accuracy") if t.get(k) is not None}
             reasons.append(f"{t['test']} " + ", ".join(f"{k} {v}" for k, v in figure.items()))
     return bool(reasons), reasons

@@ -232,10 +232,12 @@ def check(cfg: PipelineConfig, end: float | None = None, check_id: str | None = 
         # Embedding drift on a sample of each side (masked text on both: the log holds what
         # the model saw, the curated set what it was trained on).
         rows = sample_rows(con, start, end, m.embedding_sample, rng)
-        ref_idx = np.random.default_rng(m.seed).choice(len(ref), min(len(ref), m.embedding_sample), replace=False)
-        ref_emb = reference_embeddings(cfg, ref.text.iloc[np.sort(ref_idx)].tolist())
+        ref_idx = np.random.default_rng(m.seed).permutation(len(ref))[:m.reference_sample]
+        ref_emb = reference_embeddings(cfg, ref.text.iloc[ref_idx].tolist())
+        n_cal = len(ref_emb) // 3  # a third calibrates the novelty score, the rest is the bank
         win_emb = drift.embed([r[1] or "" for r in rows])
-        tests.append(drift.embedding_drift(ref_emb, win_emb, m.alpha, m.min_auc, seed=m.seed))
+        tests.append(drift.embedding_drift(ref_emb[n_cal:], ref_emb[:n_cal], win_emb, m.alpha,
+                                           m.min_novel_excess, m.novelty_quantile))
         atomic_write_text(out / "sample.json", json.dumps({"window": [start, end], "prediction_ids": [r[0] for r in rows]}))
         tests.append(drift.label_shift(ref.label.value_counts().to_dict(), win["labels"], m.alpha, m.min_label_tvd))
         # Confidence and out-of-scope rate against the main version's earlier traffic.
@@ -265,7 +267,7 @@ def figures(result: dict[str, Any]) -> dict[str, float]:
     """The numeric figures of a check, flat (MLflow metrics, Prometheus gauges, event extra)."""
     f: dict[str, float] = {"drift": float(result["drift"]), "predictions": float(result["window"].get("predictions", 0))}
     for t in result.get("tests", []):
-        for k in ("auc", "tvd", "ks", "change", "accuracy", "p_value"):
+        for k in ("excess", "tvd", "ks", "change", "accuracy", "p_value"):
             if isinstance(t.get(k), (int, float)):
                 f[f"{t['test']}_{k}"] = float(t[k])
     return f
@@ -292,7 +294,7 @@ def _log_mlflow(cfg: PipelineConfig, result: dict[str, Any]) -> str | None:
             cfg, f"intentops-{cfg.dataset}-monitoring", f"monitoring:{result['check_id']}",
             f"monitoring-{result['check_id']}",
             params={"window_hours": cfg.monitoring.window_hours, "alpha": cfg.monitoring.alpha,
-                    "min_auc": cfg.monitoring.min_auc, "reference": result.get("reference", {}).get("what", "")},
+                    "min_novel_excess": cfg.monitoring.min_novel_excess, "reference": result.get("reference", {}).get("what", "")},
             metrics=figures(result),
             tags={"intentops.monitoring.status": result["status"],
                   "intentops.monitoring.reasons": "; ".join(result["reasons"])[:5000]},
