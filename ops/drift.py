@@ -71,22 +71,32 @@ def embedding_drift(bank: np.ndarray, calibration: np.ndarray, window: np.ndarra
     Messages of intents the model never saw sit far from every training message: a tail
     test finds a 10-20% share of them where a whole-distribution test (a domain
     classifier's AUC, a rank test of the scores) dilutes them with the rest."""
-    from scipy.stats import fisher_exact
-    from sklearn.neighbors import NearestNeighbors
-
     if len(bank) < k or len(calibration) < 20 or len(window) < 20:
         return {"test": "embedding_novelty", "excess": None, "p_value": None, "shifted": False,
                 "note": f"too few embeddings ({len(bank)} bank, {len(calibration)} calibration, {len(window)} window)"}
-    nn = NearestNeighbors(n_neighbors=k).fit(bank)
-    cal = nn.kneighbors(calibration)[0].mean(axis=1)
-    win = nn.kneighbors(window)[0].mean(axis=1)
+    cal, win = novelty_scores(bank, calibration, k), novelty_scores(bank, window, k)
+    return {**novelty_test(cal, win, alpha, min_excess, quantile), "bank_n": int(len(bank))}
+
+
+def novelty_scores(bank: np.ndarray, x: np.ndarray, k: int = 5) -> np.ndarray:
+    """Mean distance of each row of ``x`` to its ``k`` nearest neighbours in ``bank``."""
+    from sklearn.neighbors import NearestNeighbors
+
+    return NearestNeighbors(n_neighbors=k).fit(bank).kneighbors(x)[0].mean(axis=1)
+
+
+def novelty_test(cal: np.ndarray, win: np.ndarray, alpha: float, min_excess: float,
+                 quantile: float = 0.95) -> dict[str, Any]:
+    """The tail test of ``embedding_drift`` on novelty scores already computed."""
+    from scipy.stats import fisher_exact
+
     edge = float(np.quantile(cal, quantile))
     a, b = int((win > edge).sum()), int((cal > edge).sum())
     p = float(fisher_exact([[a, len(win) - a], [b, len(cal) - b]], alternative="greater")[1])
     excess = a / len(win) - b / len(cal)
     return {"test": "embedding_novelty", "excess": round(excess, 4), "p_value": p,
             "window_beyond": round(a / len(win), 4), "calibration_beyond": round(b / len(cal), 4),
-            "window_n": int(len(window)), "bank_n": int(len(bank)), "calibration_n": int(len(calibration)),
+            "window_n": int(len(win)), "calibration_n": int(len(cal)),
             "shifted": _verdict(p, excess, alpha, min_excess)}
 
 
