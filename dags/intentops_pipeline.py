@@ -273,6 +273,12 @@ def intentops_pipeline():
         from ops import report as run_report
 
         if config_path is None:  # as in summary: no resolved config, nothing to report on
+            from core.config import load_config
+
+            page = run_report.publish_no_new_data(load_config(), run_id)
+            if page is not None:  # an asset-triggered run that found no new data says so
+                print(f"run report: {page}: NO NEW DATA")
+                return str(page)
             raise AirflowSkipException("the run's config was never resolved: no report")
         # Why stages published nothing (failed, upstream_failed) is known to Airflow only.
         states = (ti.get_task_states(dag_id=ti.dag_id, run_ids=[run_id]).get(run_id) or {}) if ti else {}

@@ -82,8 +82,8 @@ def write_log(db: Path, rows: pd.DataFrame, start: float, end: float, seed: int,
     return ids
 
 
-@pytest.fixture(autouse=True)
-def _tracking(mlflow_server, monkeypatch):
+@pytest.fixture
+def tracking(mlflow_server, monkeypatch):
     """Each check logs to MLflow: the session's server, never a store in the checkout."""
     monkeypatch.setenv("MLFLOW_TRACKING_URI", mlflow_server)
 
@@ -118,7 +118,7 @@ def _check(shared, reference, shift: float, seed: int):
     return monitor.check(cfg, end=END, check_id=f"s{shift}", reference=reference)
 
 
-def test_the_detector_fires_on_a_stream_from_held_back_intents(shared, reference):
+def test_the_detector_fires_on_a_stream_from_held_back_intents(shared, reference, tracking):
     r = _check(shared, reference, 0.3, seed=1)
     assert r["status"] == "drift" and r["drift"], r
     emb = next(t for t in r["tests"] if t["test"] == "embedding_novelty")
@@ -130,7 +130,7 @@ def test_the_detector_fires_on_a_stream_from_held_back_intents(shared, reference
     assert saved["status"] == "drift" and "text" not in json.dumps(saved["tests"])
 
 
-def test_the_detector_stays_quiet_on_an_unshifted_stream(shared, reference):
+def test_the_detector_stays_quiet_on_an_unshifted_stream(shared, reference, tracking):
     r = _check(shared, reference, 0.0, seed=2)
     assert r["status"] == "no_drift" and not r["drift"], r["reasons"]
     by = {t["test"]: t for t in r["tests"]}
@@ -140,7 +140,7 @@ def test_the_detector_stays_quiet_on_an_unshifted_stream(shared, reference):
     assert by["live_accuracy"]["note"].startswith("0 feedback rows")
 
 
-def test_too_little_traffic_is_said_not_alarmed(tmp_path, reference):
+def test_too_little_traffic_is_said_not_alarmed(tmp_path, reference, tracking):
     from ops import monitor
 
     cfg = _cfg(tmp_path)
@@ -150,7 +150,7 @@ def test_too_little_traffic_is_said_not_alarmed(tmp_path, reference):
     assert "60 predictions in the window, 200 needed" in r["note"]
 
 
-def test_no_log_and_no_champion_are_reported_not_raised(tmp_path):
+def test_no_log_and_no_champion_are_reported_not_raised(tmp_path, tracking):
     from ops import monitor
 
     cfg = _cfg(tmp_path, dataset="nochampion")
@@ -226,6 +226,12 @@ def test_an_asset_triggered_run_reads_the_latest_export_or_ends_with_no_new_data
     summary = json.loads((run_dir(lake, "asset_triggered__2") / "summary.json").read_text())
     assert summary["status"] == "no_new_data" and summary["stages"] == []
     assert runs.latest_summary(lake).splitlines()[1] == "NO NEW DATA: no stage ran and no model was trained"
+    from ops import report
+
+    page = report.publish_no_new_data(load_config(), "asset_triggered__2").read_text()
+    assert "NO NEW DATA</b>: no stage ran and no model was trained" in page
+    assert "started by intentops_drift_detected" in page
+    assert report.publish_no_new_data(load_config(), "asset_triggered__1") is None  # it did read new data
 
     export.write_text(export.read_text() + "2,my card is lost,lost_or_stolen_card\n")  # new rows arrive
     _, note = runs.resolve_run_config("asset_triggered__3", {}, trigger=TRIGGER)

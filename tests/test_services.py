@@ -320,6 +320,7 @@ def test_drift_in_served_traffic_starts_one_retraining_run_and_repeats_coalesce(
     text = (run_dir(lake, second) / "summary.txt").read_text().splitlines()
     assert text[1] == "NO NEW DATA: no stage ran and no model was trained", text
     assert run2["state"] == "success"  # nothing failed; every stage task is skipped, none green
+    assert s2["report"] == "success" and "NO NEW DATA" in (run_dir(lake, second) / "report.html").read_text()
     time.sleep(30)
     assert len([r for r in _asset_runs(api) if r["dag_run_id"] not in before]) == 2  # one run, not two
 
