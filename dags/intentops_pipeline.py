@@ -20,6 +20,14 @@ Paths relative to the project root are fine.
 **Pseudonym mode** reads its HMAC key from the Airflow connection `intentops_pseudonym`
 (the key is its password) or, without it, from the worker's `INTENTOPS_PSEUDONYM_KEY`.
 
+**Schedule**: daily with a data interval (a run reads that day's partitions), or on the
+monitoring DAG's assets (`intentops_drift_detected | intentops_new_labels`): an
+asset-triggered run has no data interval and reads the latest export, all of
+`input.path`; when no part of it is new (by content, against every published clean
+output) it ends at `resolve_config` with every stage skipped, and its summary and report
+say NO NEW DATA. Its summary starts with what started it (the events' extra).
+With `max_active_runs=1`, events that arrive while a run is active queue one run.
+
 **Trigger** from the UI's trigger form, or
 `airflow dags trigger intentops_pipeline --conf '{"input_path": "exports/tickets.csv"}'`,
 or `POST /api/v2/dags/intentops_pipeline/dagRuns` with `{"conf": {...}}`.
