@@ -1,8 +1,9 @@
 """Metrics of short-lived processes, pushed to the Prometheus Pushgateway.
 
 Training (throughput, step time, loss, CPU, memory, and GPU utilization and memory through
-NVML where a GPU exists), the pipeline (a run failed or succeeded, task durations) and
-the deployment (when the champion was promoted) are not scraped: they push here when
+NVML where a GPU exists), the pipeline (a run failed or succeeded, task durations),
+the deployment (when the champion was promoted) and the monitoring check (drift verdict
+and figures) are not scraped: they push here when
 ``INTENTOPS_PUSHGATEWAY_URL`` is set (``make up`` sets it for Airflow's tasks). A push that
 fails is logged and dropped: monitoring being down never stops a run.
 """

@@ -82,10 +82,14 @@ def write_log(db: Path, rows: pd.DataFrame, start: float, end: float, seed: int,
     return ids
 
 
-@pytest.fixture
-def tracking(mlflow_server, monkeypatch):
-    """Each check logs to MLflow: the session's server, never a store in the checkout."""
-    monkeypatch.setenv("MLFLOW_TRACKING_URI", mlflow_server)
+@pytest.fixture(scope="module")
+def tracking(tmp_path_factory):
+    """Each check logs to MLflow: a local store of the module (the one `make demo` uses by
+    default), never one in the checkout. The DAG test below uses the session's server."""
+    uri = f"sqlite:///{tmp_path_factory.mktemp('mlflow') / 'mlflow.db'}"
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("MLFLOW_TRACKING_URI", uri)
+        yield uri
 
 
 def _cfg(tmp_path: Path, **over):
