@@ -526,6 +526,52 @@ class CostConfig(_Section):
         return self
 
 
+class MonitoringConfig(_Section):
+    """The monitoring DAG (``dags/intentops_monitoring.py``): the served traffic of the last
+    ``window_hours`` against the champion's training data, and the assets that start a
+    retraining run. Thresholds pair a p-value with an effect size: a long window makes
+    any tiny difference "significant", and a shift too small to matter must not retrain."""
+
+    window_hours: float = Field(1.0, gt=0, le=24 * 31, description="Hours of served traffic "
+                                "each check reads (the window ends at the check's time)")
+    # Below this the tests have no power and a noisy window would alarm: the check says
+    # "too little traffic" and emits nothing.
+    min_predictions: int = Field(200, ge=20, description="Fewest logged predictions in the "
+                                 "window for a drift verdict")
+    # Embedding drift runs on a sample of each side: its cost does not grow with traffic.
+    embedding_sample: int = Field(1000, ge=50, le=20000, description="Messages of the window "
+                                  "embedded for the novelty test")
+    reference_sample: int = Field(3000, ge=100, le=50000, description="Reference messages "
+                                  "embedded (once per champion): a third calibrates, the rest is the neighbour bank")
+    # alpha is per test; the check runs four (Bonferroni: about 1 false alarm per 1,000
+    # windows at 1e-3 is the target, so each test gets a quarter of it).
+    alpha: float = Field(2.5e-4, gt=0, lt=0.5, description="p-value below which a test counts "
+                         "as shifted (per test)")
+    novelty_quantile: float = Field(0.95, ge=0.5, lt=1.0, description="Quantile of the reference's "
+                                    "nearest-neighbour distance beyond which a message counts as novel")
+    min_novel_excess: float = Field(0.03, gt=0, le=1.0, description="Share of novel messages above "
+                                    "the reference's that counts as embedding drift")
+    min_label_tvd: float = Field(0.15, gt=0, le=1.0, description="Total variation distance "
+                                 "between predicted and training label shares that counts as a shift")
+    min_confidence_ks: float = Field(0.1, gt=0, le=1.0, description="KS statistic of the "
+                                     "confidence against the baseline that counts as a shift")
+    min_oos_rate_change: float = Field(0.05, gt=0, le=1.0, description="Absolute change of the "
+                                       "out-of-scope rate against the baseline that counts as a shift")
+    baseline_hours: float = Field(168.0, gt=0, description="Hours of the same model version's "
+                                  "traffic before the window: the confidence and out-of-scope baseline")
+    min_feedback: int = Field(50, ge=1, description="Feedback rows in the window before live "
+                                 "accuracy is judged")
+    min_live_accuracy: float = Field(0.7, ge=0.0, le=1.0, description="Live accuracy on feedback "
+                                     "below which the check reports drift")
+    min_new_labels: int = Field(200, ge=1, description="Feedback labels since the last "
+                                "new-labels event that emit the next one")
+    min_review_rows: int = Field(500, ge=1, description="Unlabeled out-of-scope or abstained "
+                                 "predictions since the last review event that emit the next one")
+    reference_path: str = Field("", description="Curated Parquet (label-QA output) to compare "
+                                "with; empty: the champion's training set, found through the registry")
+    seed: int = 42
+
+
 class PipelineConfig(_Section):
     # The dataset this config describes. The lake prefix (<lake_root>/<dataset>/), the
     # registered model name, the MLflow experiments and the deployment folder follow from
@@ -548,6 +594,7 @@ class PipelineConfig(_Section):
     deploy: DeployConfig = Field(default_factory=DeployConfig)
     spark: SparkConfig = Field(default_factory=SparkConfig)
     cost: CostConfig = Field(default_factory=CostConfig)
+    monitoring: MonitoringConfig = Field(default_factory=MonitoringConfig)
 
     @model_validator(mode="before")
     @classmethod

@@ -1,8 +1,9 @@
 """Metrics of short-lived processes, pushed to the Prometheus Pushgateway or sent over StatsD.
 
 Training (throughput, step time, loss, CPU, memory, and GPU utilization and memory through
-NVML where a GPU exists), the pipeline (a run failed or succeeded, task durations) and
-the deployment (when the champion was promoted) are not scraped: they push here when
+NVML where a GPU exists), the pipeline (a run failed or succeeded, task durations),
+the deployment (when the champion was promoted) and the monitoring check (drift verdict
+and figures) are not scraped: they push here when
 ``INTENTOPS_PUSHGATEWAY_URL`` is set (``make up`` sets it for Airflow's tasks). A push that
 fails is logged and dropped: monitoring being down never stops a run.
 
@@ -140,3 +141,22 @@ def champion_promoted(registered_model: str, version: str, at: float | None = No
     return push("intentops-deploy", {"registered_model": registered_model}, {
         "intentops_champion_promoted_timestamp_seconds": (at or time.time(), "when the champion was promoted"),
     }, labels={"version": str(version)})
+
+
+DRIFT_STATUSES = ("drift", "no_drift", "too_little_traffic", "no_reference", "no_log")
+
+
+def drift(dataset: str, status: str, figures: dict[str, float]) -> bool:
+    """A monitoring check's verdict and figures (``ops/monitor.py``): ``intentops_drift_detected``
+    1 or 0 (the drift alert) and each figure as ``intentops_drift_<name>``, all labelled
+    with the check's ``status`` (``DRIFT_STATUSES``); the group is per dataset, so the next
+    check replaces the last one."""
+    gauges: dict[str, tuple[float, str]] = {
+        "intentops_drift_detected": (1.0 if status == "drift" else 0.0,
+                                     "1 when the last monitoring check found drift"),
+        "intentops_drift_check_timestamp_seconds": (time.time(), "when the last monitoring check ran"),
+    }
+    for name, value in figures.items():
+        if name != "drift":
+            gauges[f"intentops_drift_{name}"] = (value, f"monitoring check figure {name}")
+    return push("intentops-monitoring", {"dataset": dataset}, gauges, labels={"status": status})

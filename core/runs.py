@@ -32,6 +32,15 @@ class NoDataInInterval(StageError):
     """A scheduled run's data interval holds no date partition of the input: nothing to do."""
 
 
+class NoNewData(StageError):
+    """An asset-triggered run found nothing its stages have not read before: retraining on
+    the same input would only repeat the last run. The run ends marked "no new data"."""
+
+
+NO_NEW_DATA = "NO NEW DATA"
+TRIGGER_FILE = "trigger.json"
+
+
 def save_run_config(cfg: PipelineConfig, run_id: str) -> str:
     path = run_dir(cfg.lake, run_id) / "config.json"
     atomic_write_text(path, cfg.model_dump_json(indent=2))
@@ -39,10 +48,17 @@ def save_run_config(cfg: PipelineConfig, run_id: str) -> str:
 
 
 def resolve_run_config(run_id: str, conf: dict[str, Any] | None = None,
-                       interval: tuple[Any, Any] | None = None) -> tuple[str, str | None]:
+                       interval: tuple[Any, Any] | None = None,
+                       trigger: list[dict[str, Any]] | None = None) -> tuple[str, str | None]:
     """Resolve the run's config from the trigger form (``core.params``) over the YAML file
     and the environment, validate it and save it with the run. Returns the saved path and,
     for a run with a data ``interval`` (scheduled, backfill), a note on which days it reads.
+
+    ``trigger``: the asset events that started an asset-triggered run (it has no data
+    interval): the run reads the latest export, all of ``input.path``; the events are saved
+    with the run (``trigger.json``, the summary's "started by" line), and when the export
+    holds nothing a clean stage has not read before, NoNewData (the run's summary then
+    says NO NEW DATA).
 
     Raises SettingsError for an unknown setting or an invalid value, NoDataInInterval when
     the input is date-partitioned and the interval holds no partition."""
@@ -77,7 +93,66 @@ def resolve_run_config(run_id: str, conf: dict[str, Any] | None = None,
             cfg.input.partitions = days
         note = (f"[{start}, {end}): reads {', '.join(days)}" if days
                 else f"[{start}, {end}): the input is not date-partitioned; reads all of it")
+    if trigger is not None:
+        atomic_write_text(run_dir(cfg.lake, run_id) / TRIGGER_FILE, json.dumps(trigger, indent=2, default=str))
+        new = unread_input(cfg)
+        if not new:
+            write_no_new_data(cfg, run_id, trigger)
+            raise NoNewData(f"{cfg.input.path}: every part of the export was read by an earlier run; "
+                            f"nothing new to train on ({started_by(trigger)})")
+        note = f"started by {started_by(trigger)}; reads the latest export {cfg.input.path}: new {', '.join(new)}"
     return save_run_config(cfg, run_id), note
+
+
+def started_by(trigger: list[dict[str, Any]]) -> str:
+    """One line on the asset events that started a run."""
+    parts = []
+    for ev in trigger:
+        extra = ev.get("extra") or {}
+        what = ev.get("asset") or extra.get("reason") or "asset"
+        detail = "; ".join(extra.get("reasons") or []) or (
+            f"{extra['feedback_labels']} feedback labels" if "feedback_labels" in extra else "")
+        parts.append(f"{what}" + (f" ({detail})" if detail else "") + (f" from check {extra['check']}"
+                                                                       if extra.get("check") else ""))
+    return ", ".join(parts) or "an asset event"
+
+
+def unread_input(cfg: PipelineConfig) -> list[str]:
+    """The parts of the export (the whole file, or date partitions) that no published clean
+    output has read, by content fingerprint: a copy of the same export is not new data."""
+    from core import partitions
+    from core.stage import MANIFEST, file_fingerprint
+
+    src = cfg.resolve_path(cfg.input.path)
+    seen: set[tuple[str, str]] = set()
+    for manifest in (cfg.lake / "clean").glob(f"*/{MANIFEST}"):
+        raw = (json.loads(manifest.read_text()).get("inputs") or {}).get("raw") or {}
+        if "sha256" in raw:
+            seen.add(("", raw["sha256"]))
+        for name, fp in (raw.get("partitions") or {}).items():
+            seen.add((name, fp["sha256"]))
+    whole = file_fingerprint(src)["sha256"]
+    if ("", whole) in seen:
+        return []
+    days = partitions.date_partitions(src) if src.is_dir() else {}
+    if not days:
+        return [src.name]
+    return [name for _, name in sorted(days.items())
+            if (name, file_fingerprint(src / name)["sha256"]) not in seen]
+
+
+def write_no_new_data(cfg: PipelineConfig, run_id: str, trigger: list[dict[str, Any]]) -> str:
+    """The summary of a run that found no new data: no stage ran, no model; the summary's
+    first line says so, and ``LATEST`` points at it (``intentops summary`` shows it)."""
+    folder = run_dir(cfg.lake, run_id)
+    text = "\n".join([f"intentops run {run_id}", f"{NO_NEW_DATA}: no stage ran and no model was trained",
+                      f"started by {started_by(trigger)}",
+                      f"reads the latest export {cfg.input.path}: every part of it was read by an earlier run"])
+    atomic_write_text(folder / "summary.json", json.dumps(
+        {"run_id": run_id, "status": "no_new_data", "stages": [], "trigger": trigger}, indent=2, default=str))
+    atomic_write_text(folder / "summary.txt", text + "\n")
+    atomic_write_text(cfg.lake / "runs" / "LATEST", folder.name + "\n")
+    return str(folder / "summary.json")
 
 
 def config_from_args(args: Any) -> PipelineConfig:
@@ -282,13 +357,19 @@ def write_summary(config_path: str | Path, run_id: str) -> str:
     if not rows:
         raise StageError(f"run {run_id!r} has no stage outputs under {cfg.lake}")
     text = render(rows, run_id, cfg.cost)
-    log.info("\n%s", text)
     folder = run_dir(cfg.lake, run_id)
+    trigger = None
+    if (folder / TRIGGER_FILE).exists():
+        trigger = json.loads((folder / TRIGGER_FILE).read_text())
+        head, _, rest = text.partition("\n")
+        text = f"{head}\nstarted by {started_by(trigger)}\n{rest}"
+    log.info("\n%s", text)
     from core import cost as pricing
 
     atomic_write_text(
         folder / "summary.json",
-        json.dumps({"run_id": run_id, "stages": rows, "cost": pricing.run_cost(rows, cfg.cost)}, indent=2),
+        json.dumps({"run_id": run_id, "stages": rows, "cost": pricing.run_cost(rows, cfg.cost),
+                    **({"trigger": trigger} if trigger is not None else {})}, indent=2, default=str),
     )
     atomic_write_text(folder / "summary.txt", text + "\n")
     atomic_write_text(cfg.lake / "runs" / "LATEST", folder.name + "\n")

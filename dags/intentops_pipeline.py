@@ -20,6 +20,14 @@ Paths relative to the project root are fine.
 **Pseudonym mode** reads its HMAC key from the Airflow connection `intentops_pseudonym`
 (the key is its password) or, without it, from the worker's `INTENTOPS_PSEUDONYM_KEY`.
 
+**Schedule**: daily with a data interval (a run reads that day's partitions), or on the
+monitoring DAG's assets (`intentops_drift_detected | intentops_new_labels`): an
+asset-triggered run has no data interval and reads the latest export, all of
+`input.path`; when no part of it is new (by content, against every published clean
+output) it ends at `resolve_config` with every stage skipped, and its summary and report
+say NO NEW DATA. Its summary starts with what started it (the events' extra).
+With `max_active_runs=1`, events that arrive while a run is active queue one run.
+
 **Trigger** from the UI's trigger form, or
 `airflow dags trigger intentops_pipeline --conf '{"input_path": "exports/tickets.csv"}'`,
 or `POST /api/v2/dags/intentops_pipeline/dagRuns` with `{"conf": {...}}`.
@@ -36,9 +44,10 @@ from pathlib import Path
 
 import pendulum
 from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
-from airflow.sdk import Param, dag, task
+from airflow.sdk import Asset, AssetOrTimeSchedule, Param, dag, task
 from airflow.sdk.definitions.timetables.interval import CronDataIntervalTimetable
 
+from core import assets
 from core import params as form
 from core.stages import STAGES, Stage
 
@@ -176,12 +185,20 @@ def _run_outcome(failed: bool):
     dag_id="intentops_pipeline",
     doc_md=__doc__.replace("{stage_table}", _stage_table()),
     # Daily, with a real data interval (the day before the run): each scheduled run owns
-    # one day of the export, which is what a backfill replays.
-    schedule=CronDataIntervalTimetable("@daily", timezone="UTC"),
+    # one day of the export, which is what a backfill replays. Or on the monitoring DAG's
+    # assets: drift or enough new labels start a run (no data interval: it reads the latest
+    # export, or ends as "no new data"; see resolve_config).
+    schedule=AssetOrTimeSchedule(
+        timetable=CronDataIntervalTimetable("@daily", timezone="UTC"),
+        assets=Asset(name=assets.DRIFT[0], uri=assets.DRIFT[1])
+        | Asset(name=assets.NEW_LABELS[0], uri=assets.NEW_LABELS[1]),
+    ),
     start_date=pendulum.datetime(2026, 11, 1, tz="UTC"),
     catchup=False,
     # Stages publish under content-addressed keys; one run at a time keeps two runs from
-    # racing for the same key's temp directory.
+    # racing for the same key's temp directory. It also coalesces asset events: while a
+    # run is queued or running the scheduler creates no asset-triggered run; the events
+    # wait in the asset queue (one row per asset) and the next run consumes them all.
     max_active_runs=1,
     default_args=default_args,
     dagrun_timeout=timedelta(hours=3),
@@ -193,26 +210,33 @@ def _run_outcome(failed: bool):
 def intentops_pipeline():
     @task(retries=1)
     def resolve_config(params: dict, run_id: str, dag_run=None, data_interval_start=None,
-                       data_interval_end=None) -> str:
+                       data_interval_end=None, triggering_asset_events=None) -> str:
         """Resolve the config once for the run and save it; later tasks read the file.
 
         A bad or unknown param fails here, at once, before any stage runs. A scheduled or
         backfill run over a folder of date partitions reads only the days of its data
         interval; an interval with no partition skips the run (nothing to do is not a
-        failure)."""
+        failure). An asset-triggered run (drift, new labels) reads the latest export; when
+        no part of it is new it skips every stage, and its summary says NO NEW DATA."""
         from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
 
-        from core.runs import NoDataInInterval, SettingsError, resolve_run_config
+        from core.runs import NoDataInInterval, NoNewData, SettingsError, resolve_run_config
 
         run_type = getattr(dag_run, "run_type", None)
         run_type = str(getattr(run_type, "value", run_type) or "")
         interval = ((data_interval_start, data_interval_end)
                     if run_type in ("scheduled", "backfill") else None)
+        trigger = None
+        if run_type == "asset_triggered":
+            trigger = [{"asset": getattr(ev.asset, "name", None) or str(ev.asset), "extra": dict(ev.extra or {}),
+                        "source_dag_id": ev.source_dag_id, "source_run_id": ev.source_run_id,
+                        "timestamp": str(ev.timestamp)}
+                       for events in (triggering_asset_events or {}).values() for ev in events]
         try:
-            path, note = resolve_run_config(run_id, dict(params), interval=interval)
+            path, note = resolve_run_config(run_id, dict(params), interval=interval, trigger=trigger)
         except SettingsError as exc:
             raise AirflowFailException(str(exc)) from None
-        except NoDataInInterval as exc:
+        except (NoDataInInterval, NoNewData) as exc:
             raise AirflowSkipException(str(exc)) from None
         if note:
             print(f"{run_type} run: {note}")
@@ -259,6 +283,12 @@ def intentops_pipeline():
         from ops import report as run_report
 
         if config_path is None:  # as in summary: no resolved config, nothing to report on
+            from core.config import load_config
+
+            page = run_report.publish_no_new_data(load_config(), run_id)
+            if page is not None:  # an asset-triggered run that found no new data says so
+                print(f"run report: {page}: NO NEW DATA")
+                return str(page)
             raise AirflowSkipException("the run's config was never resolved: no report")
         # Why stages published nothing (failed, upstream_failed) is known to Airflow only.
         states = (ti.get_task_states(dag_id=ti.dag_id, run_ids=[run_id]).get(run_id) or {}) if ti else {}

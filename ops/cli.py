@@ -7,6 +7,7 @@
     intentops run --set input.path=exports/tickets.jsonl     # stages in order, no Airflow
     intentops run --through train --run-id manual-1          # ... up to any stage
     intentops summary [--run-id RUN]                          # per-stage summary
+    intentops monitor check [--end UNIX_TIME]                 # one drift check of served traffic
     intentops evaluate --run-id RUN --ground-truth DIR        # score against ground truth
     intentops leak-scan --ground-truth DIR var/lake/desensitize ...   # find planted PII
     intentops leak-scan --detect var/lake/desensitize ...     # what the detector still finds
@@ -105,6 +106,13 @@ def build_parser() -> argparse.ArgumentParser:
     au.add_argument("--since", help="from this UTC time on (2026-12-05 or 2026-12-05T14:00:00Z)")
     au.add_argument("--until", help="up to this UTC time")
     au.add_argument("--json", action="store_true", help="JSON lines, as stored")
+    mo = sub.add_parser("monitor", help="drift monitoring: one check of the served traffic")
+    msub = mo.add_subparsers(dest="monitor_action", required=True)
+    mc = _with_config(msub.add_parser("check", help="the monitoring DAG's check, by hand: the window "
+                                      "ending at --end (default now) against the champion's training data"),
+                      run_id=False)
+    mc.add_argument("--end", type=float, help="the window's end, Unix time (default: now)")
+    mc.add_argument("--check-id", help="the check's folder under <lake>/monitoring/ (default: check_<end>)")
     s = sub.add_parser("summary", help="print a run's per-stage summary")
     s.add_argument("--run-id", help="default: the latest finished run")
     s.add_argument("--config", help="YAML config file")
@@ -165,7 +173,7 @@ def _handler(args: argparse.Namespace) -> Callable[[argparse.Namespace], int]:
         return _pii
     return {"audit": _audit, "stages": _stages, "run": _run, "up": _services, "down": _services,
             "services": _services, "summary": _summary, "leak-scan": _leak_scan,
-            "evaluate": _evaluate, "review-pull": _review_pull}[args.cmd]
+            "evaluate": _evaluate, "review-pull": _review_pull, "monitor": _monitor}[args.cmd]
 
 
 def _review_pull(args: argparse.Namespace) -> int:
@@ -177,6 +185,17 @@ def _review_pull(args: argparse.Namespace) -> int:
         print(json.dumps(review_stage.pull(_config(args)), indent=2))
     except StageSkipped as exc:
         print(f"SKIPPED: {exc}", file=sys.stderr)
+    return 0
+
+
+def _monitor(args: argparse.Namespace) -> int:
+    """Prints the check's result (JSON); exit 0 whatever the verdict (drift is a finding)."""
+    import json
+
+    from ops import monitor
+
+    result = monitor.check(_config(args), end=args.end, check_id=args.check_id)
+    print(json.dumps(result, indent=2, default=str))
     return 0
 
 

@@ -42,7 +42,7 @@ from urllib.parse import quote
 
 from core import stage
 from core.config import PipelineConfig
-from core.runs import STAGES, collect, load_run_config
+from core.runs import NO_NEW_DATA, STAGES, TRIGGER_FILE, collect, load_run_config, started_by
 
 log = logging.getLogger(__name__)
 
@@ -105,6 +105,7 @@ class Report:
     config: dict[str, Any] = field(default_factory=dict)
     dataset: str = ""
     cost: dict[str, Any] = field(default_factory=dict)  # core.cost.run_cost
+    started_by: str = ""  # an asset-triggered run: the events that started it (core.runs.started_by)
 
     @property
     def verdict(self) -> str:
@@ -184,7 +185,9 @@ def gather(cfg: PipelineConfig, run_id: str, task_states: dict[str, str] | None 
         "training.metric / margin": f"{c['training']['metric']} / {c['training']['margin']}",
         "deploy.steps / bake_seconds": f"{c['deploy']['steps']} / {c['deploy']['bake_seconds']}",
     }
-    return Report(run_id, views, config, cfg.dataset, pricing.run_cost(listed, cfg.cost))
+    trigger = stage.run_dir(cfg.lake, run_id) / TRIGGER_FILE
+    started = started_by(json.loads(trigger.read_text())) if trigger.exists() else ""
+    return Report(run_id, views, config, cfg.dataset, pricing.run_cost(listed, cfg.cost), started)
 
 
 def _history(view: StageView) -> list[dict[str, Any]]:
@@ -698,6 +701,7 @@ def render(rep: Report, mode: str = "airflow", figs: dict[str, str] | None = Non
 <body>
 <h1>intentops run report: {_e(rep.dataset)}</h1>
 <p>Run <code>{_e(rep.run_id)}</code> of dataset <code>{_e(rep.dataset)}</code>: {_e(rep.verdict)}.
+{f"Started by {_e(rep.started_by)}." if rep.started_by else ""}
 Numbers and masked samples only: the page is built from the stages' outputs downstream of
 desensitization and their counts.</p>
 <nav id="contents"><h2>Contents</h2><ol>
@@ -748,6 +752,27 @@ def log_to_mlflow(config_path_or_cfg: str | Path | PipelineConfig, run_id: str,
     cfg = _config(config_path_or_cfg)
     rep = gather(cfg, run_id, task_states)
     return _log(cfg, rep, charts(rep))
+
+
+def publish_no_new_data(cfg: PipelineConfig, run_id: str) -> Path | None:
+    """The report of an asset-triggered run that found no new data (``core.runs.NoNewData``):
+    one page that says so, what started the run and what it would have read; None when the
+    run's summary is not a no-new-data one."""
+    folder = stage.run_dir(cfg.lake, run_id)
+    summary = folder / "summary.json"
+    if not summary.exists() or json.loads(summary.read_text()).get("status") != "no_new_data":
+        return None
+    lines = (folder / "summary.txt").read_text().splitlines()
+    page = f"""<!DOCTYPE html>
+<html lang="en"><head><meta charset="utf-8"><link rel="icon" href="data:,">
+<title>intentops run report: {_e(cfg.dataset)} {_e(run_id)}</title><style>{_CSS}</style></head>
+<body><h1>intentops run report: {_e(cfg.dataset)}</h1>
+<p>Run <code>{_e(run_id)}</code>: <b class="failed">{_e(NO_NEW_DATA)}</b>: no stage ran and no model was trained.</p>
+<ul>{"".join(f"<li>{_e(x)}</li>" for x in lines[2:])}</ul></body></html>
+"""
+    path = folder / REPORT_FILE
+    stage.atomic_write_text(path, page)
+    return path
 
 
 COST_FILE = "cost.json"

@@ -44,11 +44,39 @@ def test_dag_level_settings(dagbag):
     dag = dagbag.dags["intentops_pipeline"]
     assert dag.max_active_runs == 1
     assert dag.doc_md and "Params" in dag.doc_md
-    assert type(dag.timetable).__name__ == "CronDataIntervalTimetable"  # daily, with an interval
+    # Daily with an interval, or on the monitoring DAG's drift / new-labels assets.
+    assert type(dag.timetable).__name__ == "AssetOrTimeSchedule"
+    assert type(dag.timetable.timetable).__name__ == "CronDataIntervalTimetable"
+    from core import assets
+
+    names = {ref["name"] for ref in _asset_refs(dag.timetable.asset_condition)}
+    assert names == {a[0] for a in assets.RETRAIN_TRIGGERS}
     assert {"input_path", "input_format", "min_chars", "max_chars", "dedup_threshold"} <= set(dag.params.keys())
     ids = [t.task_id for t in dag.topological_sort()] if hasattr(dag, "topological_sort") else None
     order = ids or [t.task_id for t in dag.tasks]
     assert order.index("clean") < order.index("dedup") < order.index("summary")
+
+
+def _asset_refs(cond) -> list[dict]:
+    """The assets of an asset condition, however it is nested (``a | b``)."""
+    objs = getattr(cond, "objects", None)
+    if objs is None:
+        return [{"name": cond.name, "uri": cond.uri}]
+    return [r for o in objs for r in _asset_refs(o)]
+
+
+def test_monitoring_dag_emits_the_assets_the_pipeline_runs_on(dagbag):
+    from core import assets
+
+    dag = dagbag.dags["intentops_monitoring"]
+    assert dag.max_active_runs == 1 and dag.doc_md
+    tasks = {t.task_id: t for t in dag.tasks}
+    assert set(tasks) == {"check", "emit_drift", "emit_new_labels", "emit_review"}
+    emitted = {t.task_id: {o.name for o in t.outlets} for t in dag.tasks if t.outlets}
+    assert emitted == {"emit_drift": {assets.DRIFT[0]}, "emit_new_labels": {assets.NEW_LABELS[0]},
+                       "emit_review": {assets.REVIEW[0]}}
+    for t in dag.tasks:
+        assert t.retries >= 1 and t.retry_exponential_backoff and t.execution_timeout is not None, t.task_id
 
 
 def test_summary_always_runs_and_a_failed_stage_still_fails_the_run(dagbag):
@@ -121,7 +149,8 @@ def test_spark_stages_use_spark_submit_and_the_default_connection(dagbag):
         assert (ROOT / t.application).exists() or (ROOT / "jobs" / "spark" / f"{t.task_id}.py").exists()
 
 
-def test_parsing_does_no_io_and_no_heavy_imports():
+@pytest.mark.parametrize("dag_file", [DAG_FILE, ROOT / "dags" / "intentops_monitoring.py"])
+def test_parsing_does_no_io_and_no_heavy_imports(dag_file):
     """Parse the DAG file in a fresh interpreter with open() and connection lookups trapped."""
     probe = textwrap.dedent(
         f"""
@@ -138,7 +167,7 @@ def test_parsing_does_no_io_and_no_heavy_imports():
             raise AssertionError("connection lookup while parsing")
         builtins.open = trap_open
         BaseHook.get_connection = classmethod(trap_conn)
-        spec = importlib.util.spec_from_file_location("dag_under_test", {str(DAG_FILE)!r})
+        spec = importlib.util.spec_from_file_location("dag_under_test", {str(dag_file)!r})
         mod = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(mod)
         builtins.open = real_open

@@ -294,3 +294,18 @@ def test_stage_outcomes_reach_prometheus_through_the_statsd_bridge(monitoring, m
     # Nothing listens there: the stage runs all the same.
     monkeypatch.setenv("INTENTOPS_STATSD_ADDR", f"127.0.0.1:{_free_port()}")
     assert stage.run_stage("probe", lake, {"a": 3}, {}, "v1", work).cache_hit is False
+def test_a_drift_check_pushed_to_the_gateway_raises_the_drift_alert(monitoring, monkeypatch):
+    """The monitoring check's push (ops/monitor.py) reaches Alertmanager as the drift ticket;
+    the next check (too little traffic) pushes 0 for the same dataset."""
+    from core import pushmetrics
+
+    ports = monitoring["ports"]
+    monkeypatch.setenv("INTENTOPS_PUSHGATEWAY_URL", ports.url("pushgateway"))
+    assert pushmetrics.drift("drifttest", "drift", {"drift": 1.0, "embedding_novelty_excess": 0.21})
+    alert, _ = _received(ports, "IntentopsDriftDetected", 60, dataset="drifttest")
+    assert alert is not None and alert["labels"]["severity"] == "ticket"
+    assert "monitoring/<check>/check.json" in alert["annotations"]["runbook"]
+    assert pushmetrics.drift("drifttest", "too_little_traffic", {"drift": 0.0, "predictions": 12.0})
+    text = httpx.get(f"{ports.url('pushgateway')}/metrics").text
+    assert ('intentops_drift_detected{dataset="drifttest",instance="",job="intentops-monitoring",'
+            'status="too_little_traffic"} 0') in text

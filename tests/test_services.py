@@ -73,6 +73,19 @@ def services(tmp_path_factory, project_env):
         # gate, built for real models, refuses the build. These tests are about the wiring;
         # the gate has its own tests in test_export.py.
         INTENTOPS__EXPORT__MIN_AGREEMENT="0.95",
+        # What CONF sets for triggered runs, for the runs the drift asset starts (an
+        # asset-triggered run has no conf: it runs on the configured values).
+        INTENTOPS__TRAINING__HPARAMS__MODEL="small",
+        INTENTOPS__TRAINING__HPARAMS__EPOCHS="1",
+        INTENTOPS__TRAINING__HPARAMS__MAX_STEPS="40",
+        INTENTOPS__TRAINING__HPARAMS__LR="0.002",
+        INTENTOPS__DEPLOY__BAKE_SECONDS="3",
+        # The monitoring check's reference, so its test does not depend on which model is
+        # the champion: Banking77's train split as a curated set (the champion's training
+        # data is found through the registry otherwise; tests/test_drift.py).
+        INTENTOPS__MONITORING__REFERENCE_PATH=str(base / "reference"),
+        INTENTOPS__MONITORING__REFERENCE_SAMPLE="1200",
+        INTENTOPS__MONITORING__EMBEDDING_SAMPLE="300",
         INTENTOPS__DEPLOY__ROOT=str(base / "deploy"),
         INTENTOPS__DEPLOY__ROUTER_PORT=str(_free_port()),
         INTENTOPS__DEPLOY__MIN_REQUESTS="15",
@@ -83,6 +96,11 @@ def services(tmp_path_factory, project_env):
     subprocess.run([sys.executable, "-m", "demo.builder", "--out", str(raw), "--rows", str(ROWS),
                     "--seed", "5", "--format", "csv", "--daily"], env=env, cwd=ROOT, check=True,
                    timeout=600, capture_output=True)
+    import pandas as pd
+
+    (base / "reference").mkdir()
+    pd.read_csv(ROOT / "data" / "banking77" / "train.csv").rename(columns={"category": "label"}).assign(
+        split="train").to_parquet(base / "reference" / "part-0.parquet")
     try:
         up = _cli(env, "up")
         assert up.returncode == 0, (up.stdout + up.stderr)[-4000:]
@@ -294,6 +312,93 @@ def test_an_alert_at_the_receiver_triggers_the_dag_through_the_rest_api(services
 
 def _versions(client) -> list[str]:
     return sorted(v.version for v in client.search_model_versions("name='intentops-banking77'"))
+
+
+def _asset_runs(api) -> list[dict]:
+    runs = api("GET", f"/dags/{DAG}/dagRuns", params={"run_type": "asset_triggered", "limit": 50})["dag_runs"]
+    return sorted(runs, key=lambda r: r["run_after"])
+
+
+def _wait(what, predicate, timeout: float = 1800, poll: float = 5):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(poll)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+@pytest.mark.timeout(3000)  # a whole pipeline run on a shared 2-core machine, then a second one
+def test_drift_in_served_traffic_starts_one_retraining_run_and_repeats_coalesce(services, api):
+    """The loop closed under a real standalone scheduler: served traffic that moved to a
+    few intents -> the monitoring DAG's check finds drift and emits the asset -> the
+    pipeline starts an asset-triggered run that reads the latest export (the whole daily
+    folder) through the same gates. Two more events while that run is active queue one
+    run, not two, and it ends as NO NEW DATA (the export was just read)."""
+    import pandas as pd
+
+    from core.stage import run_dir
+    from deploy import predlog
+
+    env, base, raw, info = services
+    lake = base / "lake" / "banking77"
+    # The last ten minutes of traffic ask about six intents only (Banking77 test messages,
+    # as the served model logs them: one row per prediction).
+    test = pd.read_csv(ROOT / "data" / "banking77" / "test.csv")
+    moved = test[test.category.isin(["card_arrival", "exchange_rate", "pin_blocked", "age_limit",
+                                     "top_up_failed", "lost_or_stolen_card"])]
+    now = time.time()
+    con = predlog.connect(lake / "predictions" / "predictions.db")
+    rows = [(f"drift{i:04d}", now - 600 + i, text, label, 0.9, 0, 0, "1", 5.0, "stable")
+            for i, (text, label) in enumerate(moved[["text", "category"]].itertuples(index=False))]
+    with predlog.transaction(con):
+        con.executemany(f"INSERT INTO predictions ({', '.join(predlog.COLUMNS)}) VALUES "
+                        f"({', '.join('?' * len(predlog.COLUMNS))})", rows)
+    con.close()
+    before = {r["dag_run_id"] for r in _asset_runs(api)}
+
+    api("PATCH", "/dags/intentops_monitoring", json={"is_paused": False})
+    check = api.trigger({}, dag_id="intentops_monitoring")
+    done = api.wait_runs([check], dag_id="intentops_monitoring", timeout=900)[check]
+    states = api.task_states(check, dag_id="intentops_monitoring")
+    assert done["state"] == "success" and states["emit_drift"] == "success", states
+
+    first = _wait("the asset-triggered run", lambda: [r for r in _asset_runs(api) if r["dag_run_id"] not in before],
+                  timeout=300)[0]
+    drift_id = api("GET", "/assets", params={"name_pattern": "intentops_drift_detected"})["assets"][0]["id"]
+    labels_id = api("GET", "/assets", params={"name_pattern": "intentops_new_labels"})["assets"][0]["id"]
+    assert api("GET", f"/dags/{DAG}/dagRuns/{first['dag_run_id']}")["state"] in ("queued", "running")
+    for asset_id in (drift_id, labels_id):  # while the first run is active
+        api("POST", "/assets/events", json={"asset_id": asset_id, "extra": {"reason": "test"}})
+
+    run1 = api.wait_runs([first["dag_run_id"]], timeout=2400)[first["dag_run_id"]]
+    s1 = api.task_states(run1["dag_run_id"])
+    assert s1["resolve_config"] == "success" and s1["clean"] == "success" and s1["train"] == "success", s1
+    assert s1["register"] in ("success", "failed") and s1["summary"] == "success", s1  # the registry gate decides
+    consumed = api("GET", f"/dags/{DAG}/dagRuns/{run1['dag_run_id']}/upstreamAssetEvents")["asset_events"]
+    extra = next(e["extra"] for e in consumed if e["source_dag_id"] == "intentops_monitoring")
+    assert extra["figures"]["drift"] == 1.0 and Path(extra["sample"]).exists()
+    summary = json.loads((run_dir(lake, run1["dag_run_id"]) / "summary.json").read_text())
+    assert summary["trigger"] and "started by intentops_drift_detected" in (
+        run_dir(lake, run1["dag_run_id"]) / "summary.txt").read_text()
+    per_day = sum(sum(1 for _ in p.open()) - 1 for p in (raw / "daily").glob("date=*/raw.csv"))
+    assert summary["stages"][0]["rows_in"] == per_day  # the latest export: every day of it
+
+    runs = _wait("the queued run", lambda: [r for r in _asset_runs(api) if r["dag_run_id"] not in before]
+                 if len([r for r in _asset_runs(api) if r["dag_run_id"] not in before]) >= 2 else None, timeout=300)
+    second = runs[1]["dag_run_id"]
+    run2 = api.wait_runs([second], timeout=600)[second]
+    s2 = api.task_states(second)
+    assert s2["resolve_config"] == "skipped" and s2["clean"] == "skipped" and s2["train"] == "skipped", s2
+    events2 = api("GET", f"/dags/{DAG}/dagRuns/{second}/upstreamAssetEvents")["asset_events"]
+    assert {e["asset_id"] for e in events2} >= {drift_id, labels_id}
+    text = (run_dir(lake, second) / "summary.txt").read_text().splitlines()
+    assert text[1] == "NO NEW DATA: no stage ran and no model was trained", text
+    assert run2["state"] == "success"  # nothing failed; every stage task is skipped, none green
+    assert s2["report"] == "success" and "NO NEW DATA" in (run_dir(lake, second) / "report.html").read_text()
+    time.sleep(30)
+    assert len([r for r in _asset_runs(api) if r["dag_run_id"] not in before]) == 2  # one run, not two
 
 
 def test_down_stops_everything_it_started(services):
