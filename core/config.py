@@ -242,6 +242,15 @@ class TrainingHParams(_Section):
     length_grouping: int = Field(
         0, ge=0, description="Batches of similar length: each run of this many batches of the "
         "shuffled order is sorted by length, then the batches are shuffled (0: off).")
+    # Gradient compression (training/comm.py): a DDP communication hook. bf16 needs NCCL
+    # (GPUs) and is refused on gloo; powersgd sends two rank-`powersgd_rank` factors per
+    # weight matrix after `powersgd_start_iter` plain all-reduces.
+    comm_hook: Literal["none", "fp16", "bf16", "powersgd"] = Field(
+        "none", description="Gradient compression between processes: none, fp16, bf16 (NCCL "
+        "only) or powersgd.")
+    powersgd_rank: int = Field(2, ge=1, le=64, description="PowerSGD matrix approximation rank.")
+    powersgd_start_iter: int = Field(
+        10, ge=2, description="PowerSGD: plain all-reduces before compression starts (>= 2).")
 
 
 class TrainingConfig(_Section):

@@ -493,3 +493,45 @@ def test_unreachable_tracking_server_fails_naming_the_uri(tmp_path: Path,
     assert res.returncode == 2
     assert f"MLflow tracking server {uri}" in res.stderr and "attempt 5/5" in res.stderr
     assert res.stderr.count("retrying in") == 4
+
+
+# --------------------------------------------------------------------------- sharing (issue 29)
+
+
+@pytest.mark.e2e
+def test_compression_hooks_train_to_the_same_accuracy_with_fewer_bytes(
+        tmp_path: Path, env: dict[str, str]) -> None:
+    """fp16 and PowerSGD communication hooks on 2 gloo processes: the tiny model reaches the
+    accuracy of the uncompressed run within a tolerance, and the measured all-reduce payload
+    shrinks: exactly half with fp16, far less than that with PowerSGD once it starts."""
+    curated, labels = make_curated(tmp_path / "data", n_train=60)
+    base = {"epochs": 4, "batch_size": 8, "lr": 2e-3, "num_threads": 1}
+    result = {}
+    for hook in ("none", "fp16", "powersgd"):
+        cfg = write_config(tmp_path / f"{hook}.json", **base, comm_hook=hook, powersgd_rank=2,
+                           powersgd_start_iter=3)
+        out = tmp_path / hook
+        res = run(train_cmd(curated, labels, out, cfg), env)
+        assert res.returncode == 0, res.stderr[-4000:]
+        result[hook] = (metrics(out), history(out))
+    none, fp16, psgd = (result[h][0] for h in ("none", "fp16", "powersgd"))
+    assert none["comm_hook"] == "none" and fp16["comm_hook"] == "fp16"
+    assert none["test_accuracy"] >= 0.6, none["test_accuracy"]
+    for m in (fp16, psgd):
+        assert m["test_accuracy"] == pytest.approx(none["test_accuracy"], abs=0.1)
+        assert m["steps"] == none["steps"]
+    per_step = [h["comm_bytes"] for h in result["none"][1]]
+    assert len(set(per_step)) == 1 and per_step[0] > 0  # every step reduces all gradients
+    assert fp16["comm_bytes"] * 2 == none["comm_bytes"]
+    psgd_steps = [h["comm_bytes"] for h in result["powersgd"][1]]
+    assert psgd_steps[:2] == per_step[:2]  # PowerSGD's warm-up: plain fp32 all-reduces
+    assert max(psgd_steps[3:]) < per_step[0] / 4
+
+
+def test_bf16_hook_is_refused_on_gloo(tmp_path: Path, env: dict[str, str]) -> None:
+    curated, labels = make_curated(tmp_path / "data", n_train=20)
+    cfg = write_config(tmp_path / "cfg.json", epochs=1, batch_size=16, comm_hook="bf16")
+    res = run(train_cmd(curated, labels, tmp_path / "out", cfg), env, timeout=180)
+    assert res.returncode != 0
+    assert "comm_hook=bf16 needs the nccl backend" in res.stderr
+    assert not (tmp_path / "out" / "done").exists()

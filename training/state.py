@@ -21,6 +21,7 @@ from torch import nn
 from torch.utils.data import DataLoader, DistributedSampler
 
 from training import checkpoint as ckpt
+from training.comm import CommStats
 from training.config import TrainConfig
 from training.data import EncodedDataset, PadCollate, group_by_length
 from training.distributed import DistContext, all_gather, barrier
@@ -49,6 +50,7 @@ class RunState:
     wall_seconds: float = 0.0
     wall_seconds_before: float = 0.0
     resumed_from_steps: list[int] = field(default_factory=list)
+    comm_bytes: int = 0  # payload this rank handed to gradient all-reduces, all attempts
 
     def to_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)
@@ -79,6 +81,7 @@ class Run:
     resolved: dict[str, Any]  # the config as run: config.json, the MLflow params
     state: RunState = field(default_factory=RunState)
     tracker: Tracker | None = None  # rank 0 with --mlflow-run-id only
+    comm: CommStats = field(default_factory=lambda: CommStats("none", 0))
 
     @property
     def lengths(self) -> list[int]:

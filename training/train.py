@@ -44,6 +44,7 @@ from torch import nn
 from torch.utils.data import DistributedSampler
 
 from training import checkpoint as ckpt
+from training import comm
 from training.config import TrainConfig as TrainConfig
 from training.config import load_config as load_config
 from training.data import (
@@ -126,8 +127,11 @@ def setup(args: argparse.Namespace, cfg: TrainConfig, ctx: DistContext, started:
     seed_everything(cfg.seed + ctx.rank)  # different dropout masks per rank
     ddp = model
     if ctx.world_size > 1:
-        kw = {"device_ids": [ctx.local_rank]} if ctx.device.type == "cuda" else {}
+        kw: dict = {"device_ids": [ctx.local_rank]} if ctx.device.type == "cuda" else {}
+        kw |= comm.ddp_options(model, cfg.comm_hook, ctx.device.type)
         ddp = nn.parallel.DistributedDataParallel(model, **kw)
+    comm_stats = comm.register(ddp, cfg.comm_hook, cfg.powersgd_rank, cfg.powersgd_start_iter,
+                               ctx.world_size)
 
     sampler = DistributedSampler(ds["train"], num_replicas=ctx.world_size, rank=ctx.rank,
                                  shuffle=True, seed=cfg.seed, drop_last=False)
@@ -143,7 +147,7 @@ def setup(args: argparse.Namespace, cfg: TrainConfig, ctx: DistContext, started:
                collate=collate, model=model, ddp=ddp, spec=spec, sampler=sampler,
                optimizer=optimizer, scheduler=scheduler, micro_per_epoch=micro_per_epoch,
                steps_per_epoch=steps_per_epoch, total_steps=total_steps, identity=identity,
-               fingerprint=fingerprint, resolved=resolved)
+               fingerprint=fingerprint, resolved=resolved, comm=comm_stats)
 
 
 # --------------------------------------------------------------------------- the loop
@@ -203,6 +207,7 @@ def train_epoch(run: Run, history: TextIO | None) -> None:
         run.optimizer.zero_grad(set_to_none=True)
         st.global_step += 1
         st.batch_in_epoch = micro
+        run.comm.after_sync()
         log_step(run, history, mean_across(ctx, step_loss), lr, step_samples, tick)
         step_loss, step_samples = 0.0, 0
         # periodic checkpoint (at the epoch's or the budget's end, end_of_epoch writes one)
