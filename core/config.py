@@ -251,6 +251,20 @@ class TrainingHParams(_Section):
     powersgd_rank: int = Field(2, ge=1, le=64, description="PowerSGD matrix approximation rank.")
     powersgd_start_iter: int = Field(
         10, ge=2, description="PowerSGD: plain all-reduces before compression starts (>= 2).")
+    # Data prefetch (training/state.py): DataLoader worker processes tokenize-free batches
+    # (padding, collation) ahead of the step. They change speed, never the result, so like
+    # num_threads they are not part of a checkpoint's identity. Memory is pinned only when
+    # CUDA is present.
+    num_workers: int = Field(0, ge=0, le=32, description="DataLoader worker processes per "
+                             "training process (0: batches built in the training process).")
+    prefetch_factor: int = Field(2, ge=1, le=64, description="Batches each worker prepares ahead.")
+    persistent_workers: bool = Field(False, description="Keep the workers between epochs.")
+
+    @model_validator(mode="after")
+    def _workers(self) -> TrainingHParams:
+        if self.persistent_workers and self.num_workers == 0:
+            raise ValueError("persistent_workers needs num_workers > 0")
+        return self
 
 
 class TrainingConfig(_Section):

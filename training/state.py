@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch.utils.data import DataLoader, DistributedSampler
+from torch.utils.data import DataLoader, DistributedSampler, Sampler
 
 from training import checkpoint as ckpt
 from training.comm import CommStats
@@ -29,6 +29,19 @@ from training.mlflow_log import Tracker
 from training.outputs import trim_history
 
 log = logging.getLogger("intentops.training")
+
+
+class OrderSampler(Sampler[int]):
+    """The indices the next epoch (or its remainder) visits, set before each epoch."""
+
+    def __init__(self) -> None:
+        self.indices: list[int] = []
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(list(self.indices))
+
+    def __len__(self) -> int:
+        return len(self.indices)
 
 
 @dataclass
@@ -82,6 +95,8 @@ class Run:
     state: RunState = field(default_factory=RunState)
     tracker: Tracker | None = None  # rank 0 with --mlflow-run-id only
     comm: CommStats = field(default_factory=lambda: CommStats("none", 0))
+    order: OrderSampler = field(default_factory=lambda: OrderSampler())
+    _loader: DataLoader | None = None
 
     @property
     def lengths(self) -> list[int]:
@@ -100,11 +115,27 @@ class Run:
         self.sampler.set_epoch(epoch)
         order = group_by_length(list(self.sampler), self.lengths, self.cfg.batch_size,
                                 self.cfg.length_grouping, self.cfg.seed * 100003 + epoch)
-        order = order[skip * self.cfg.batch_size:]
-        # A private generator: a DataLoader iterator otherwise draws its base seed from the
-        # global torch RNG, which would shift every dropout mask after a resume.
-        return iter(DataLoader(self.ds["train"], batch_size=self.cfg.batch_size, sampler=order,
-                               collate_fn=self.collate, generator=torch.Generator()))
+        self.order.indices = order[skip * self.cfg.batch_size:]
+        return iter(self.loader)
+
+    @property
+    def loader(self) -> DataLoader:
+        """One DataLoader for the run over ``self.order`` (so persistent workers survive the
+        epochs). Workers only index and collate, which draws no random number: batches and
+        results are the same with any ``num_workers``. A private generator: an iterator
+        otherwise draws its base seed from the global torch RNG, which would shift every
+        dropout mask after a resume."""
+        if self._loader is None:
+            cfg = self.cfg
+            extra: dict[str, Any] = {}
+            if cfg.num_workers:
+                extra = {"num_workers": cfg.num_workers, "prefetch_factor": cfg.prefetch_factor,
+                         "persistent_workers": cfg.persistent_workers,
+                         "pin_memory": self.ctx.device.type == "cuda"}
+            self._loader = DataLoader(self.ds["train"], batch_size=cfg.batch_size,
+                                      sampler=self.order, collate_fn=self.collate,
+                                      generator=torch.Generator(), **extra)
+        return self._loader
 
     def log_metrics(self, step: int, **values: float) -> None:
         """Buffer MLflow metrics (flushed at the next checkpoint); a no-op without a tracker."""

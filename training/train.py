@@ -84,6 +84,8 @@ from training.state import RunState as RunState
 log = logging.getLogger("intentops.training")
 
 DONE_MARKER = "done"
+# Settings that change speed, not the result: left out of a checkpoint's identity.
+SPEED_ONLY = {"num_threads", "num_workers", "prefetch_factor", "persistent_workers"}
 EXIT_USAGE = 2
 
 
@@ -111,10 +113,10 @@ def setup(args: argparse.Namespace, cfg: TrainConfig, ctx: DistContext, started:
     tok = load_tokenizer(cfg.max_length)
     collate = PadCollate(pad_token_id(tok))
     ds = {name: EncodedDataset(df, labels, tok) for name, df in splits.items()}
-    # The run's identity: what a checkpoint must agree with to be resumed. num_threads is
-    # left out (it changes speed, not the result); world size and data shape are in,
+    # The run's identity: what a checkpoint must agree with to be resumed. num_threads and
+    # the DataLoader workers are left out (they change speed, not the result); world size and data shape are in,
     # because the sampler's sharding and the schedule depend on them.
-    identity = {"training": cfg.model_dump(exclude={"num_threads"}), "world_size": ctx.world_size,
+    identity = {"training": cfg.model_dump(exclude=SPEED_ONLY), "world_size": ctx.world_size,
                 "labels": labels, "data": {f"{s}_rows": len(d) for s, d in ds.items()}}
     fingerprint = ckpt.config_fingerprint(identity)
     resolved = cfg.model_dump() | {"num_threads": threads, "world_size": ctx.world_size,
