@@ -573,3 +573,88 @@ def test_prefetch_workers_give_the_identical_run(tmp_path: Path, env: dict[str, 
 def test_persistent_workers_need_workers() -> None:
     with pytest.raises(ValueError, match="persistent_workers needs num_workers > 0"):
         TrainConfig(**SMALL, persistent_workers=True)
+
+
+def _kill_at_mid_epoch_checkpoint(cmd: list[str], env: dict[str, str], out: Path, log_path: Path,
+                                  per_epoch: int, sig: int = signal.SIGKILL) -> subprocess.Popen:
+    """Start ``cmd``; once a checkpoint past the first epoch and inside an epoch exists, send
+    ``sig`` to the launcher's process group; return the finished process."""
+    log = log_path.open("w")
+    proc = subprocess.Popen(cmd, env=env, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
+                            start_new_session=True)
+    deadline = time.monotonic() + 240
+    try:
+        while True:
+            assert proc.poll() is None, log_path.read_text()[-3000:]
+            assert time.monotonic() < deadline, "no mid-epoch checkpoint appeared"
+            steps = [s for s, _ in ckpt.step_checkpoints(out / "checkpoints")]
+            if any(s > per_epoch and s % per_epoch for s in steps):
+                break
+            time.sleep(0.02)
+        os.killpg(proc.pid, sig)
+        proc.wait(timeout=120)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+        log.close()
+    return proc
+
+
+def _traced(folder: Path) -> dict[int, list[dict[str, Any]]]:
+    """pid -> the trace lines that process wrote."""
+    return {int(p.stem.split("-")[1]): [json.loads(x) for x in p.read_text().splitlines()]
+            for p in folder.glob("rank*-*.jsonl")}
+
+
+@pytest.mark.e2e
+@pytest.mark.parametrize(("first_world", "then_world", "accum"), [(2, 1, 1), (1, 2, 2)])
+def test_resume_at_another_world_size_sees_every_sample_once(
+        tmp_path: Path, env: dict[str, str], first_world: int, then_world: int, accum: int) -> None:
+    """A run killed mid-epoch at one world size resumes at another: the global batch is kept
+    (grad_accum_steps rescaled), and each epoch's consumed train rows, recorded per rank and
+    optimizer step, are every row exactly once across both attempts."""
+    n_rows, batch, epochs = 40 * len(CLASSES), 8, 3
+    curated, labels = make_curated(tmp_path / "data", n_train=40)
+    cfg = write_config(tmp_path / "cfg.json", epochs=epochs, batch_size=batch, grad_accum_steps=accum,
+                       checkpoint_every_steps=3, num_threads=1)
+    micro = math.ceil(math.ceil(n_rows / first_world) / batch)
+    per_epoch = math.ceil(micro / accum)
+    out, trace = tmp_path / "out", tmp_path / "trace"
+    trace.mkdir()
+    tenv = env | {"INTENTOPS_TRAIN_TRACE_IDS": str(trace)}
+    proc = _kill_at_mid_epoch_checkpoint(train_cmd(curated, labels, out, cfg, nproc=first_world),
+                                         tenv, out, tmp_path / "first.log", per_epoch)
+    assert proc.returncode != 0 and not (out / "done").exists()
+    first_pids = set(_traced(trace))
+    res = run(train_cmd(curated, labels, out, cfg, nproc=then_world), tenv)
+    assert res.returncode == 0, res.stderr[-4000:]
+    found = re.search(r"resuming from checkpoint step-\d+\.pt: step (\d+) of", res.stderr)
+    assert found and "resized: epoch" in res.stderr, res.stderr[-3000:]
+    resumed = int(found.group(1))
+    assert 0 < resumed < epochs * per_epoch and resumed % per_epoch
+
+    lines = []
+    for pid, rows in _traced(trace).items():
+        # the killed attempt's steps after its last checkpoint were redone by the resume
+        lines += [r for r in rows if pid not in first_pids or r["step"] <= resumed]
+    for epoch in range(epochs):
+        ids = sorted(i for r in lines if r["epoch"] == epoch for i in r["ids"])
+        assert ids == list(range(n_rows)), f"epoch {epoch}"
+    m = metrics(out)
+    assert m["world_size"] == then_world and m["resumed_from_steps"] == [resumed]
+    assert m["epochs_completed"] == epochs
+    assert m["test_accuracy"] >= 0.5, m["test_accuracy"]  # chance is 0.2
+    steps = [h["step"] for h in history(out)]
+    assert steps == list(range(1, m["steps"] + 1))
+
+
+def test_resize_that_cannot_keep_the_global_batch_is_refused() -> None:
+    from training.state import resized_accum
+
+    cfg = TrainConfig(**SMALL, grad_accum_steps=1)
+    assert resized_accum(cfg, 2, 1) == 2 and resized_accum(cfg, 1, 1) == 1
+    assert resized_accum(TrainConfig(**SMALL, grad_accum_steps=2), 1, 2) == 1
+    with pytest.raises(ckpt.CheckpointError, match="cannot resume at world size 2: the run started "
+                       "at world size 1 with grad_accum_steps 1"):
+        resized_accum(cfg, 1, 2)

@@ -78,7 +78,7 @@ from training.optim import WarmupLinearDecay, adamw, autocast, param_groups
 from training.outputs import log_step, write_json, write_outputs
 from training.outputs import trim_history as _trim_history  # noqa: F401
 from training.outputs import write_json as _write_json  # noqa: F401
-from training.state import Run, resume, save_checkpoint
+from training.state import Run, TraceIds, resized_accum, resume, save_checkpoint
 from training.state import RunState as RunState
 
 log = logging.getLogger("intentops.training")
@@ -116,7 +116,11 @@ def setup(args: argparse.Namespace, cfg: TrainConfig, ctx: DistContext, started:
     # The run's identity: what a checkpoint must agree with to be resumed. num_threads and
     # the DataLoader workers are left out (they change speed, not the result); world size and data shape are in,
     # because the sampler's sharding and the schedule depend on them.
-    identity = {"training": cfg.model_dump(exclude=SPEED_ONLY), "world_size": ctx.world_size,
+    # world_size is the one the run started at: a resume at another one keeps the global
+    # batch (batch_size x grad_accum_steps x world size) and the schedule of that start.
+    origin_world = ckpt.origin_world_size(Path(args.out) / "checkpoints") or ctx.world_size
+    accum = resized_accum(cfg, origin_world, ctx.world_size)
+    identity = {"training": cfg.model_dump(exclude=SPEED_ONLY), "world_size": origin_world,
                 "labels": labels, "data": {f"{s}_rows": len(d) for s, d in ds.items()}}
     fingerprint = ckpt.config_fingerprint(identity)
     resolved = cfg.model_dump() | {"num_threads": threads, "world_size": ctx.world_size,
@@ -138,7 +142,9 @@ def setup(args: argparse.Namespace, cfg: TrainConfig, ctx: DistContext, started:
     sampler = DistributedSampler(ds["train"], num_replicas=ctx.world_size, rank=ctx.rank,
                                  shuffle=True, seed=cfg.seed, drop_last=False)
     micro_per_epoch = math.ceil(len(sampler) / cfg.batch_size)
-    steps_per_epoch = math.ceil(micro_per_epoch / cfg.grad_accum_steps)
+    # the schedule of the run's start (the same as this world's unless it was resized)
+    micro_at_origin = math.ceil(math.ceil(len(ds["train"]) / origin_world) / cfg.batch_size)
+    steps_per_epoch = math.ceil(micro_at_origin / cfg.grad_accum_steps)
     total = cfg.epochs * steps_per_epoch
     total_steps = min(total, cfg.max_steps) if cfg.max_steps else total
     warmup = round(cfg.warmup_ratio * total_steps)
@@ -149,7 +155,7 @@ def setup(args: argparse.Namespace, cfg: TrainConfig, ctx: DistContext, started:
                collate=collate, model=model, ddp=ddp, spec=spec, sampler=sampler,
                optimizer=optimizer, scheduler=scheduler, micro_per_epoch=micro_per_epoch,
                steps_per_epoch=steps_per_epoch, total_steps=total_steps, identity=identity,
-               fingerprint=fingerprint, resolved=resolved, comm=comm_stats)
+               fingerprint=fingerprint, resolved=resolved, comm=comm_stats, accum=accum)
 
 
 # --------------------------------------------------------------------------- the loop
@@ -172,16 +178,19 @@ def train_epoch(run: Run, history: TextIO | None) -> None:
     """The rest of the current epoch. An optimizer step is ``grad_accum_steps`` micro-batches
     (fewer for an epoch's last group); DDP all-reduces gradients on a group's last one only."""
     cfg, ctx, st = run.cfg, run.ctx, run.state
-    accum = cfg.grad_accum_steps
+    accum = run.accum
     run.ddp.train()
     tick = time.monotonic()
     step_loss, step_samples = 0.0, 0
+    batches = run.batches(st.epoch)  # sets run.epoch_micro: this (segment of the) epoch's
     micro = st.batch_in_epoch
-    for batch in run.batches(st.epoch, st.batch_in_epoch):
+    trace = TraceIds(run)
+    for batch in batches:
         if st.global_step >= run.total_steps:
             break
         group_start = (micro // accum) * accum
-        group_size = min(accum, run.micro_per_epoch - group_start)
+        group_size = min(accum, run.epoch_micro - group_start)
+        trace.add(micro)
         last_in_group = micro + 1 == group_start + group_size
         # forward and backward
         b = batch.to(ctx.device)
@@ -209,11 +218,14 @@ def train_epoch(run: Run, history: TextIO | None) -> None:
         run.optimizer.zero_grad(set_to_none=True)
         st.global_step += 1
         st.batch_in_epoch = micro
+        st.epoch_samples = min(st.segment_start + micro * cfg.batch_size * ctx.world_size,
+                               run.epoch_len())
         run.comm.after_sync()
+        trace.step(st.global_step, st.epoch)
         log_step(run, history, mean_across(ctx, step_loss), lr, step_samples, tick)
         step_loss, step_samples = 0.0, 0
         # periodic checkpoint (at the epoch's or the budget's end, end_of_epoch writes one)
-        at_boundary = micro == run.micro_per_epoch or st.global_step >= run.total_steps
+        at_boundary = micro == run.epoch_micro or st.global_step >= run.total_steps
         if st.global_step % cfg.checkpoint_every_steps == 0 and not at_boundary:
             save_checkpoint(run)
         tick = time.monotonic()
@@ -223,7 +235,7 @@ def end_of_epoch(run: Run) -> None:
     """Validate, keep the best model, decide (one decision for all ranks) whether to stop,
     and checkpoint."""
     cfg, ctx, st = run.cfg, run.ctx, run.state
-    full_epoch = st.batch_in_epoch >= run.micro_per_epoch
+    full_epoch = st.batch_in_epoch >= run.epoch_micro
     improved = _validate(run, full_epoch)
     stop, reason = False, None
     if cfg.early_stopping_patience and st.bad_evals >= cfg.early_stopping_patience:
@@ -240,6 +252,7 @@ def end_of_epoch(run: Run) -> None:
         st.epochs_completed += 1
     st.epoch += 1
     st.batch_in_epoch = 0
+    st.epoch_samples, st.segment_start, st.epoch_world = 0, 0, ctx.world_size
     if not stop and st.epoch >= cfg.epochs:
         stop, reason = True, "all epochs done"
     st.stopped, st.stop_reason = stop, reason
