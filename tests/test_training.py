@@ -658,3 +658,62 @@ def test_resize_that_cannot_keep_the_global_batch_is_refused() -> None:
     with pytest.raises(ckpt.CheckpointError, match="cannot resume at world size 2: the run started "
                        "at world size 1 with grad_accum_steps 1"):
         resized_accum(cfg, 1, 2)
+
+
+def _history_steps(out: Path) -> int:
+    try:
+        return len((out / "history.jsonl").read_text().splitlines())
+    except OSError:
+        return 0
+
+
+@pytest.mark.e2e
+def test_sigterm_preempts_with_a_checkpoint_and_the_resume_is_identical(
+        tmp_path: Path, env: dict[str, str]) -> None:
+    """A SIGTERM to the torchrun launcher (what the preemption controller sends) mid-epoch:
+    every rank finishes its step, rank 0 checkpoints and writes the preempted marker, the
+    workers exit 75; the next launch resumes there and ends with the very state_dict of an
+    uninterrupted run at the same world size."""
+    curated, labels = make_curated(tmp_path / "data", n_train=60)
+    cfg = write_config(tmp_path / "cfg.json", epochs=3, batch_size=8, num_threads=1,
+                       checkpoint_every_steps=1000)
+    per_epoch = math.ceil(math.ceil(60 * len(CLASSES) / 2) / 8)
+    ref = tmp_path / "uninterrupted"
+    res = run(train_cmd(curated, labels, ref, cfg), env)
+    assert res.returncode == 0, res.stderr[-4000:]
+
+    out = tmp_path / "preempted"
+    cmd = train_cmd(curated, labels, out, cfg)
+    log_path = tmp_path / "first.log"
+    with log_path.open("w") as log:
+        proc = subprocess.Popen(cmd, env=env, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
+                                start_new_session=True)
+        try:
+            deadline = time.monotonic() + 240
+            while _history_steps(out) < per_epoch + 3:
+                assert proc.poll() is None, log_path.read_text()[-3000:]
+                assert time.monotonic() < deadline
+                time.sleep(0.02)
+            proc.send_signal(signal.SIGTERM)  # the launcher only; it forwards it to the workers
+            proc.wait(timeout=120)
+        finally:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+    text = log_path.read_text()
+    assert proc.returncode != 0, text[-3000:]
+    marker = json.loads((out / "preempted").read_text())
+    assert not (out / "done").exists()
+    step = marker["step"]
+    assert per_epoch < step < 3 * per_epoch and step % per_epoch, marker
+    assert marker["signal_to_exit_seconds"] is not None
+    assert [s for s, _ in ckpt.step_checkpoints(out / "checkpoints")][-1] == step
+    # (torchrun itself exits on the signal: the marker, not its exit code, tells preemption)
+    assert "preempted: checkpoint at step" in text
+
+    res = run(cmd, env)
+    assert res.returncode == 0, res.stderr[-4000:]
+    assert f"resuming from checkpoint step-{step:08d}.pt" in res.stderr
+    assert not (out / "preempted").exists()
+    assert metrics(out)["resumed_from_steps"] == [step]
+    assert metrics(out)["steps"] == metrics(ref)["steps"]
+    _assert_same_model(ref, out)

@@ -31,7 +31,9 @@ import datetime as dt
 import logging
 import math
 import os
+import signal
 import sys
+import threading
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -64,7 +66,7 @@ from training.distributed import (
     default_threads,
     die_with_launcher,
     init_distributed,
-    mean_across,
+    mean_and_any,
     seed_everything,
 )
 from training.distributed import all_gather as all_gather
@@ -84,6 +86,16 @@ from training.state import RunState as RunState
 log = logging.getLogger("intentops.training")
 
 DONE_MARKER = "done"
+# Preemption (a SIGTERM: the project's controller, a spot-instance notice, Airflow): every
+# rank finishes the optimizer step it is in, rank 0 writes a checkpoint and PREEMPTED_MARKER,
+# and the process exits with EXIT_PREEMPTED (EX_TEMPFAIL). The next launch resumes.
+PREEMPTED_MARKER = "preempted"
+EXIT_PREEMPTED = 75
+_PREEMPT = threading.Event()
+
+
+class Preempted(Exception):  # noqa: N818 - a status, not an error
+    """A SIGTERM was honoured: the state is checkpointed, the run is to be resumed."""
 # Settings that change speed, not the result: left out of a checkpoint's identity.
 SPEED_ONLY = {"num_threads", "num_workers", "prefetch_factor", "persistent_workers"}
 EXIT_USAGE = 2
@@ -169,6 +181,8 @@ def train(run: Run) -> None:
         while not st.stopped and st.epoch < cfg.epochs:
             train_epoch(run, history)
             end_of_epoch(run)
+            if not st.stopped and mean_and_any(run.ctx, 0.0, _PREEMPT.is_set())[1]:
+                raise Preempted(st.global_step)  # end_of_epoch has just checkpointed
     finally:
         if history is not None:
             history.close()
@@ -222,8 +236,14 @@ def train_epoch(run: Run, history: TextIO | None) -> None:
                                run.epoch_len())
         run.comm.after_sync()
         trace.step(st.global_step, st.epoch)
-        log_step(run, history, mean_across(ctx, step_loss), lr, step_samples, tick)
+        loss_mean, preempt = mean_and_any(ctx, step_loss, _PREEMPT.is_set())
+        log_step(run, history, loss_mean, lr, step_samples, tick)
         step_loss, step_samples = 0.0, 0
+        if preempt:  # all ranks agree on it, at the same step
+            if st.batch_in_epoch >= run.epoch_micro:
+                return  # the epoch is complete: end_of_epoch checkpoints, train() leaves
+            save_checkpoint(run)
+            raise Preempted(st.global_step)
         # periodic checkpoint (at the epoch's or the budget's end, end_of_epoch writes one)
         at_boundary = micro == run.epoch_micro or st.global_step >= run.total_steps
         if st.global_step % cfg.checkpoint_every_steps == 0 and not at_boundary:
@@ -321,12 +341,36 @@ def run_training(args: argparse.Namespace, cfg: TrainConfig, ctx: DistContext) -
             run.tracker = open_tracker(args.mlflow_run_id, params)
         train(run)
         finish(run)
+    except Preempted:
+        if ctx.is_main:
+            write_json(run.out / PREEMPTED_MARKER, {
+                "at": dt.datetime.now(dt.UTC).isoformat(), "step": st_step(run),
+                "signal_to_exit_seconds": round(time.monotonic() - _signalled_at[0], 3)
+                if _signalled_at else None})
+            log.warning("preempted: checkpoint at step %d written, exiting with %d to be "
+                        "resumed", st_step(run), EXIT_PREEMPTED)
+        if run.tracker is not None:
+            run.tracker.flush()  # the MLflow run stays open: the resumed attempt continues it
+        raise
     except BaseException:
         if run.tracker is not None:
             run.tracker.close("FAILED")
         raise
     if run.tracker is not None:
         run.tracker.close("FINISHED")
+
+
+_signalled_at: list[float] = []
+
+
+def st_step(run: Run) -> int:
+    return run.state.global_step
+
+
+def _on_sigterm(signum: int, frame: object) -> None:
+    if not _PREEMPT.is_set():
+        _signalled_at.append(time.monotonic())
+        _PREEMPT.set()
 
 
 def _setup_logging(rank: int) -> None:
@@ -353,9 +397,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_USAGE
     if "TORCHELASTIC_RUN_ID" in os.environ:
         die_with_launcher()
+    if rank == 0:
+        (out / PREEMPTED_MARKER).unlink(missing_ok=True)  # this attempt's outcome is open again
+    signal.signal(signal.SIGTERM, _on_sigterm)
     ctx = init_distributed()
     try:
         run_training(args, cfg, ctx)
+    except Preempted:
+        return EXIT_PREEMPTED
     except (TrainingDataError, ckpt.CheckpointError, TrackingError) as exc:
         log.error("%s", exc)
         return EXIT_USAGE
