@@ -279,6 +279,15 @@ class TrainingConfig(_Section):
     # torchrun restarts the group this often after a worker dies; each restart (and each
     # Airflow retry) resumes from the newest checkpoint.
     max_restarts: int = Field(1, ge=0)
+    # Sharing (training/preempt.py): a waiting training of higher priority preempts a running
+    # one of lower priority (e.g. a production retrain 100, an experiment 1; equals never
+    # preempt each other). The preempted trainer checkpoints and exits within one optimizer
+    # step; after `preempt_grace_seconds` the controller kills it. Its task is rescheduled
+    # (no retry used up) `reschedule_seconds` later and resumes from the checkpoint.
+    priority: int = Field(1, ge=0, le=1000, description="Preemption priority of this run's "
+                          "training (a production retrain outranks an experiment)")
+    preempt_grace_seconds: float = Field(120.0, gt=0, le=3600)
+    reschedule_seconds: float = Field(60.0, ge=1, le=86400)
     hparams: TrainingHParams = Field(default_factory=lambda: TrainingHParams())
     # Empty: follow the dataset (intentops-<dataset>-training, intentops-<dataset>): two
     # datasets in one installation never share a model name, experiment or alias.

@@ -54,6 +54,11 @@ class StageVerdict(StageError):
     CLI exits with status 3."""
 
 
+class StagePreempted(StageError):
+    """The stage's work was preempted (a higher-priority job needed its resources) after
+    saving its progress: run it again later to resume, without counting it as a failure."""
+
+
 def file_fingerprint(path: str | os.PathLike[str]) -> dict[str, Any]:
     """Content fingerprint of a file or of every file under a directory.
 

@@ -105,6 +105,8 @@ def spark_stage(stage: Stage) -> StageSubmitOperator:
         stage_sections=stage.sections,
         retries=stage.retries,
         execution_timeout=timedelta(minutes=stage.timeout_minutes),
+        priority_weight=stage.priority_weight,
+        **({"pool": stage.pool} if stage.pool else {}),
     )
 
 
@@ -117,6 +119,7 @@ def python_stage(stage: Stage):
 
     @task(task_id=name, doc_md=stage.summary, retries=stage.retries,
           execution_timeout=timedelta(minutes=stage.timeout_minutes),
+          priority_weight=stage.priority_weight,
           **({"pool": stage.pool} if stage.pool else {}))
     def run_stage(config_path: str, run_id: str) -> str:
         import os
@@ -125,7 +128,7 @@ def python_stage(stage: Stage):
 
         from core import stages
         from core.runs import load_run_config
-        from core.stage import StageVerdict
+        from core.stage import StagePreempted, StageVerdict
 
         # Who moves an alias (promotion, registration): recorded in the alias history.
         os.environ["INTENTOPS_ACTOR"] = f"airflow:intentops_pipeline/{run_id}"
@@ -147,6 +150,16 @@ def python_stage(stage: Stage):
             print(st.verdict(cfg, result))
         except StageVerdict as exc:
             raise AirflowFailException(str(exc)) from None
+        except StagePreempted as exc:
+            # Preempted by a higher-priority training (the project's controller): the trainer
+            # checkpointed; up_for_reschedule frees the pool slot without using up a retry.
+            from datetime import UTC, datetime
+
+            from airflow.sdk.exceptions import AirflowRescheduleException
+
+            print(f"{name}: {exc}")
+            raise AirflowRescheduleException(
+                datetime.now(UTC) + timedelta(seconds=cfg.training.reschedule_seconds)) from None
         return result.path
 
     return run_stage

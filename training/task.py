@@ -16,13 +16,17 @@ import json
 import logging
 import os
 import shutil
+import signal
 import subprocess
 import sys
+import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
 from core import runs, stage, stages, tracking
 from core.config import PROJECT_ROOT, PipelineConfig
+from training import preempt
 
 log = logging.getLogger(__name__)
 TRAIN = "train"
@@ -177,11 +181,30 @@ def run(cfg: PipelineConfig, run_id: str) -> stage.StageResult:
         env = dict(os.environ, MLFLOW_TRACKING_URI=tracking.tracking_uri(cfg),
                    PYTHONPATH=os.pathsep.join(filter(None, [str(PROJECT_ROOT), os.environ.get("PYTHONPATH")])))
         log.info("launching: %s", " ".join(cmd))
-        proc = subprocess.run(cmd, env=env, cwd=PROJECT_ROOT, stdout=subprocess.PIPE,
-                              stderr=subprocess.STDOUT, text=True)
-        sys.stdout.write(proc.stdout[-20000:])
+        (work_dir / "preempted").unlink(missing_ok=True)
+        with tempfile.TemporaryFile("w+") as output:
+            proc = subprocess.Popen(cmd, env=env, cwd=PROJECT_ROOT, stdout=output,
+                                    stderr=subprocess.STDOUT, text=True, start_new_session=True)
+            # The lease tells the preemption controller whom to signal, at what priority.
+            lease = preempt.write_lease(cfg.lake, preempt.Lease(
+                run_id, t.priority, proc.pid, time.time(), str(work_dir)))
+            try:
+                proc.wait()
+            finally:
+                if proc.poll() is None:  # the task itself is being killed: take torchrun along
+                    os.killpg(proc.pid, signal.SIGTERM)
+                    proc.wait()
+                lease.unlink(missing_ok=True)
+            output.seek(0)
+            text = output.read()
+        sys.stdout.write(text[-20000:])
+        if proc.returncode != 0 and (work_dir / "preempted").exists():
+            info = json.loads((work_dir / "preempted").read_text())
+            raise stage.StagePreempted(
+                f"preempted at step {info.get('step')} (checkpointed); resumes from it when "
+                "rescheduled")
         if proc.returncode != 0:
-            tail = "\n".join(proc.stdout.strip().splitlines()[-15:])
+            tail = "\n".join(text.strip().splitlines()[-15:])
             raise stage.StageError(f"torchrun exited with {proc.returncode}; last lines:\n{tail}")
         figures = _attach_contract(cfg, run_id, qa, work_dir / "model", rid)
         model_uri = _log_model(cfg, rid, work_dir / "model")
