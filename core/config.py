@@ -288,6 +288,19 @@ class TrainingConfig(_Section):
                           "training (a production retrain outranks an experiment)")
     preempt_grace_seconds: float = Field(120.0, gt=0, le=3600)
     reschedule_seconds: float = Field(60.0, ge=1, le=86400)
+    # "Serve by day, train by night": training starts only inside this daily window
+    # ("22:00-06:00", host local time; empty: any time; the train task is rescheduled to
+    # the window's opening), and the autoscaler holds serving at its minimum replicas in it.
+    window: str = Field("", description="Daily window training may start in, HH:MM-HH:MM "
+                        "(e.g. 22:00-06:00); empty: any time")
+
+    @field_validator("window")
+    @classmethod
+    def _window(cls, v: str) -> str:
+        from core import timewindow
+
+        timewindow.parse(v)
+        return v.strip()
     hparams: TrainingHParams = Field(default_factory=lambda: TrainingHParams())
     # Empty: follow the dataset (intentops-<dataset>-training, intentops-<dataset>): two
     # datasets in one installation never share a model name, experiment or alias.

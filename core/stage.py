@@ -54,7 +54,16 @@ class StageVerdict(StageError):
     CLI exits with status 3."""
 
 
-class StagePreempted(StageError):
+class StageDeferred(StageError):
+    """Not now: run the stage again at ``until`` (None: after the configured delay), without
+    counting it as a failure (the DAG reschedules the task)."""
+
+    def __init__(self, message: str, until: Any = None) -> None:
+        super().__init__(message)
+        self.until = until
+
+
+class StagePreempted(StageDeferred):
     """The stage's work was preempted (a higher-priority job needed its resources) after
     saving its progress: run it again later to resume, without counting it as a failure."""
 

@@ -128,7 +128,7 @@ def python_stage(stage: Stage):
 
         from core import stages
         from core.runs import load_run_config
-        from core.stage import StagePreempted, StageVerdict
+        from core.stage import StageDeferred, StageVerdict
 
         # Who moves an alias (promotion, registration): recorded in the alias history.
         os.environ["INTENTOPS_ACTOR"] = f"airflow:intentops_pipeline/{run_id}"
@@ -150,16 +150,17 @@ def python_stage(stage: Stage):
             print(st.verdict(cfg, result))
         except StageVerdict as exc:
             raise AirflowFailException(str(exc)) from None
-        except StagePreempted as exc:
-            # Preempted by a higher-priority training (the project's controller): the trainer
-            # checkpointed; up_for_reschedule frees the pool slot without using up a retry.
+        except StageDeferred as exc:
+            # Preempted by a higher-priority training (the project's controller: the trainer
+            # checkpointed) or outside the training window: up_for_reschedule frees the pool
+            # slot without using up a retry.
             from datetime import UTC, datetime
 
             from airflow.sdk.exceptions import AirflowRescheduleException
 
             print(f"{name}: {exc}")
-            raise AirflowRescheduleException(
-                datetime.now(UTC) + timedelta(seconds=cfg.training.reschedule_seconds)) from None
+            raise AirflowRescheduleException(exc.until or datetime.now(UTC) + timedelta(
+                seconds=cfg.training.reschedule_seconds)) from None
         return result.path
 
     return run_stage

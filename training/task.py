@@ -12,6 +12,7 @@ and input example) and the outputs are published as the stage's output.
 from __future__ import annotations
 
 import contextlib
+import datetime as dt
 import json
 import logging
 import os
@@ -24,7 +25,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from core import runs, stage, stages, tracking
+from core import runs, stage, stages, timewindow, tracking
 from core.config import PROJECT_ROOT, PipelineConfig
 from training import preempt
 
@@ -155,12 +156,22 @@ def _attach_contract(cfg: PipelineConfig, run_id: str, qa: stage.StageResult, mo
     return figures
 
 
+def window_check(window: str, now: dt.datetime | None = None) -> None:
+    """Outside the training window: StageDeferred until its opening."""
+    now = now or dt.datetime.now().astimezone()
+    if not timewindow.inside(window, now):
+        until = timewindow.next_start(window, now)
+        raise stage.StageDeferred(f"outside the training window {window}: rescheduled to "
+                                  f"{until.isoformat(timespec='minutes')}", until)
+
+
 def run(cfg: PipelineConfig, run_id: str) -> stage.StageResult:
     qa = stage.upstream(cfg.lake, run_id, "labelqa")
     hp = cfg.training.hparams  # validated with the config, before any stage ran
     labels_file = runs.run_labels_file(cfg.lake, run_id)  # the label set clean published
     # Before the MLflow run and torchrun: refuse what registration would refuse anyway.
     preflight(cfg, runs.run_labels(cfg.lake, run_id))
+    window_check(cfg.training.window)
     t = cfg.training
     inputs = {"labelqa": {"key": qa.manifest["key"]}}
     stage_cfg = {"hparams": hp.model_dump(), "nproc_per_node": t.nproc_per_node, "nnodes": t.nnodes,
