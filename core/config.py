@@ -267,6 +267,37 @@ class TrainingHParams(_Section):
         return self
 
 
+class SearchConfig(_Section):
+    """An optional Optuna study before training (training/search.py): each trial trains
+    with one choice per searched setting for `trial_epochs`, scored by the best validation
+    `hparams.early_stopping_metric`; trials that trail the median of earlier ones at the same
+    epoch are pruned (SIGTERM, the preemption path). The budget is `trials` and
+    `timeout_seconds`, whichever ends first; the best trial's settings train the model.
+    A list left empty is not searched."""
+
+    enabled: bool = False
+    trials: int = Field(8, ge=1, le=500)
+    timeout_seconds: float = Field(3600.0, gt=0)
+    trial_epochs: int | None = Field(None, ge=1, le=50, description="Epochs per trial (empty: hparams.epochs)")
+    pruning: bool = True
+    seed: int = 0
+    lr: list[float] = Field(default_factory=lambda: [1e-4, 2e-4, 5e-4])
+    batch_size: list[int] = Field(default_factory=list)
+    dropout: list[float] = Field(default_factory=list)
+    weight_decay: list[float] = Field(default_factory=list)
+
+    def space(self) -> dict[str, list[Any]]:
+        return {k: list(getattr(self, k)) for k in ("lr", "batch_size", "dropout", "weight_decay")
+                if getattr(self, k)}
+
+    @model_validator(mode="after")
+    def _space(self) -> SearchConfig:
+        if self.enabled and not self.space():
+            raise ValueError("training.search.enabled needs at least one of lr, batch_size, "
+                             "dropout, weight_decay to list choices")
+        return self
+
+
 class TrainingConfig(_Section):
     # torchrun process group: processes per node (gloo on CPU, nccl with CUDA), nodes, and
     # for multi-node a c10d rendezvous endpoint (host:port). One process by default: two
@@ -302,6 +333,7 @@ class TrainingConfig(_Section):
         timewindow.parse(v)
         return v.strip()
     hparams: TrainingHParams = Field(default_factory=lambda: TrainingHParams())
+    search: SearchConfig = Field(default_factory=lambda: SearchConfig())
     # Empty: follow the dataset (intentops-<dataset>-training, intentops-<dataset>): two
     # datasets in one installation never share a model name, experiment or alias.
     experiment: str = ""

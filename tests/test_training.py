@@ -717,3 +717,28 @@ def test_sigterm_preempts_with_a_checkpoint_and_the_resume_is_identical(
     assert metrics(out)["resumed_from_steps"] == [step]
     assert metrics(out)["steps"] == metrics(ref)["steps"]
     _assert_same_model(ref, out)
+
+
+@pytest.mark.e2e
+def test_a_tiny_search_picks_the_better_setting(tmp_path: Path, env: dict[str, str]) -> None:
+    """Two learning rates, one that cannot learn anything in two epochs: the study (real
+    training runs as trials) picks the other, and records every trial."""
+    from core.config import SearchConfig
+    from training.search import run_study
+
+    curated, labels = make_curated(tmp_path / "data", n_train=40)
+    search = SearchConfig(enabled=True, trials=2, trial_epochs=2, lr=[1e-9, 3e-3], seed=1)
+    base = TrainConfig(**SMALL, num_threads=1)
+
+    def launch(out: Path, config: Path, run_id: str | None) -> list[str]:
+        return train_cmd(curated, labels, out, config, nproc=1)
+
+    summary = run_study(search, base, launch, tmp_path / "search", env, ROOT)
+    assert summary["best_params"] == {"lr": 3e-3}
+    assert summary["sampler"] == "GridSampler"
+    states = {t["params"]["lr"]: (t["state"], t["value"]) for t in summary["trials"]}
+    assert set(states) == {1e-9, 3e-3} and all(s == "COMPLETE" for s, _ in states.values())
+    assert states[3e-3][1] > states[1e-9][1]
+    assert json.loads((tmp_path / "search" / "search.json").read_text()) == summary
+    # Within the budget already spent, a second call runs no new trial (the study persists).
+    assert run_study(search, base, launch, tmp_path / "search", env, ROOT)["trials"] == summary["trials"]

@@ -28,6 +28,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import datetime as dt
+import json
 import logging
 import math
 import os
@@ -290,6 +291,9 @@ def _validate(run: Run, full_epoch: bool) -> bool:
     metric = val[cfg.early_stopping_metric]
     st.val_history.append({"epoch": st.epoch, "step": st.global_step, "full_epoch": full_epoch,
                            **_public(val)})
+    if ctx.is_main:  # one line per evaluation, as it happens (a search prunes on it)
+        with open(run.out / "val_history.jsonl", "a") as fh:
+            fh.write(json.dumps(st.val_history[-1]) + "\n")
     improved = st.best_metric is None or metric > st.best_metric
     if improved:
         st.best_metric, st.best_epoch, st.bad_evals = metric, st.epoch, 0
