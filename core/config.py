@@ -305,7 +305,10 @@ class TrainingConfig(_Section):
     # (batch 16) and 0.9265 with two (global batch 32, half the optimizer steps), at 10 vs
     # 12 min (docs/BENCHMARKS.md, issue 21). More cores, GPUs or nodes: raise it.
     nproc_per_node: int = Field(1, ge=1)
-    nnodes: int = Field(1, ge=1)
+    # A number, or an elastic range "MIN:MAX": torchrun keeps training while at least MIN
+    # nodes take part; a lost node triggers a re-rendezvous and the survivors resume from
+    # the last checkpoint at the smaller world size (training/state.py, resize).
+    nnodes: int | str = Field(1, description="Nodes: N, or an elastic range MIN:MAX")
     rdzv_endpoint: str = ""
     # torchrun restarts the group this often after a worker dies; each restart (and each
     # Airflow retry) resumes from the newest checkpoint.
@@ -333,6 +336,23 @@ class TrainingConfig(_Section):
         timewindow.parse(v)
         return v.strip()
     hparams: TrainingHParams = Field(default_factory=lambda: TrainingHParams())
+
+    @field_validator("nnodes", mode="before")
+    @classmethod
+    def _nnodes(cls, v: Any) -> int | str:
+        text = str(v).strip()
+        m = re.fullmatch(r"(\d+)(?::(\d+))?", text)
+        lo, hi = (int(m[1]), int(m[2] or m[1])) if m else (0, 0)
+        if not m or lo < 1 or hi < lo:
+            raise ValueError(f"nnodes {v!r}: expected a number >= 1 or a range MIN:MAX with "
+                             "1 <= MIN <= MAX")
+        return lo if lo == hi else f"{lo}:{hi}"
+
+    @property
+    def nnodes_range(self) -> tuple[int, int]:
+        lo, _, hi = str(self.nnodes).partition(":")
+        return int(lo), int(hi or lo)
+
     search: SearchConfig = Field(default_factory=lambda: SearchConfig())
     # Empty: follow the dataset (intentops-<dataset>-training, intentops-<dataset>): two
     # datasets in one installation never share a model name, experiment or alias.

@@ -742,3 +742,68 @@ def test_a_tiny_search_picks_the_better_setting(tmp_path: Path, env: dict[str, s
     assert json.loads((tmp_path / "search" / "search.json").read_text()) == summary
     # Within the budget already spent, a second call runs no new trial (the study persists).
     assert run_study(search, base, launch, tmp_path / "search", env, ROOT)["trials"] == summary["trials"]
+
+
+@pytest.mark.e2e
+def test_elastic_run_survives_losing_the_node_without_the_store(tmp_path: Path,
+                                                                env: dict[str, str]) -> None:
+    """Two launchers (`--nnodes 1:2`, c10d rendezvous on this host, one process each): the
+    one that does not host the rendezvous store is SIGKILLed mid-epoch; the other restarts
+    its worker, re-rendezvouses alone and finishes from the last checkpoint at world size 1,
+    with every train row of every epoch consumed exactly once."""
+    from conftest import _free_port
+
+    n_rows, batch, epochs = 40 * len(CLASSES), 8, 3
+    curated, labels = make_curated(tmp_path / "data", n_train=40)
+    cfg = write_config(tmp_path / "cfg.json", epochs=epochs, batch_size=batch,
+                       checkpoint_every_steps=3, num_threads=1)
+    out, trace = tmp_path / "out", tmp_path / "trace"
+    trace.mkdir()
+    port = _free_port()
+
+    def launcher(host: bool) -> list[str]:
+        return [str(BIN / "torchrun"), "--nnodes", "1:2", "--nproc-per-node", "1",
+                "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}",
+                "--rdzv-id", "elastic-test", "--rdzv-conf", f"is_host={int(host)}",
+                "--max-restarts", "3", "--monitor-interval", "1",
+                "-m", "training.train", "--curated", str(curated), "--labels", str(labels),
+                "--out", str(out), "--config", str(cfg)]
+
+    tenv = env | {"INTENTOPS_TRAIN_TRACE_IDS": str(trace)}
+    logs = [(tmp_path / f"launcher-{i}.log").open("w") for i in range(2)]
+    host = subprocess.Popen(launcher(True), env=tenv, cwd=ROOT, stdout=logs[0],
+                            stderr=subprocess.STDOUT, start_new_session=True)
+    other = subprocess.Popen(launcher(False), env=tenv, cwd=ROOT, stdout=logs[1],
+                             stderr=subprocess.STDOUT, start_new_session=True)
+    per_epoch = math.ceil(math.ceil(n_rows / 2) / batch)
+    try:
+        deadline = time.monotonic() + 300
+        while True:
+            assert host.poll() is None and other.poll() is None, \
+                (tmp_path / "launcher-0.log").read_text()[-3000:]
+            assert time.monotonic() < deadline, "no mid-epoch checkpoint appeared"
+            steps = [s for s, _ in ckpt.step_checkpoints(out / "checkpoints")]
+            if any(s > per_epoch and s % per_epoch for s in steps):
+                break
+            time.sleep(0.05)
+        first_pids = set(_traced(trace))
+        assert len(first_pids) == 2, "the first round did not run at world size 2"
+        os.killpg(other.pid, signal.SIGKILL)  # the node without the rendezvous store is lost
+        other.wait(timeout=30)
+        assert host.wait(timeout=600) == 0, (tmp_path / "launcher-0.log").read_text()[-4000:]
+    finally:
+        for p in (host, other):
+            if p.poll() is None:
+                os.killpg(p.pid, signal.SIGKILL)
+                p.wait()
+        for f in logs:
+            f.close()
+    m = metrics(out)
+    assert (out / "done").exists() and m["world_size"] == 1 and m["epochs_completed"] == epochs
+    resumed = m["resumed_from_steps"][-1]
+    lines = []
+    for pid, rows in _traced(trace).items():
+        lines += [r for r in rows if pid not in first_pids or r["step"] <= resumed]
+    for epoch in range(epochs):
+        ids = sorted(i for r in lines if r["epoch"] == epoch for i in r["ids"])
+        assert ids == list(range(n_rows)), f"epoch {epoch}"

@@ -51,7 +51,7 @@ def torchrun_command(cfg: PipelineConfig, curated: Path, labels: Path, out: Path
     t = cfg.training
     cmd = [str(Path(sys.executable).parent / "torchrun"), "--nnodes", str(t.nnodes),
            "--nproc-per-node", str(t.nproc_per_node), "--max-restarts", str(t.max_restarts)]
-    if t.nnodes > 1:
+    if t.nnodes_range[1] > 1:
         if not t.rdzv_endpoint:
             raise stage.StageError("training.nnodes > 1 needs training.rdzv_endpoint (host:port)")
         cmd += ["--rdzv-backend", "c10d", "--rdzv-endpoint", t.rdzv_endpoint]
