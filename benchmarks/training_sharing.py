@@ -137,10 +137,62 @@ def search(tmp: Path, curated: Path, labels: Path) -> list[dict]:
     return [*rows, {"study_wall_seconds": round(wall, 1), "metric": summary["metric"]}]
 
 
+def elastic(tmp: Path, curated: Path, labels: Path) -> dict:
+    """Two launchers (--nnodes 1:2, c10d on this host, 1 process each); the one without the
+    rendezvous store is SIGKILLed after 30 steps. Recovery: from the kill to the survivor's
+    first optimizer step after its resume, and the whole job's wall time against an
+    uninterrupted 2-launcher run."""
+    import re
+    import socket
+
+    from training import checkpoint as ckpt
+
+    cfg = write_config(tmp / "el.json", epochs=3, batch_size=8, num_threads=1, checkpoint_every_steps=5)
+
+    def go(out: Path, kill: bool) -> dict:
+        with socket.socket() as sk:
+            sk.bind(("127.0.0.1", 0))
+            port = sk.getsockname()[1]
+        cmds = [[str(Path(sys.executable).parent / "torchrun"), "--nnodes", "1:2", "--nproc-per-node", "1",
+                 "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", out.name,
+                 "--rdzv-conf", f"is_host={h}", "--max-restarts", "3", "--monitor-interval", "1",
+                 "-m", "training.train", "--curated", str(curated), "--labels", str(labels), "--out", str(out),
+                 "--config", str(cfg)] for h in (1, 0)]
+        log = tmp / f"{out.name}.log"
+        t0 = time.monotonic()
+        with log.open("w") as fh:
+            host = subprocess.Popen(cmds[0], env=ENV, cwd=ROOT, stdout=fh, stderr=subprocess.STDOUT,
+                                    start_new_session=True)
+            other = subprocess.Popen(cmds[1], env=ENV, cwd=ROOT, stdout=subprocess.DEVNULL,
+                                     stderr=subprocess.DEVNULL, start_new_session=True)
+            res: dict = {}
+            if kill:
+                while len(history(out)) < 30 if (out / "history.jsonl").exists() else True:
+                    time.sleep(0.02)
+                killed_at_step = max(s for s, _ in ckpt.step_checkpoints(out / "checkpoints"))
+                os.killpg(other.pid, signal.SIGKILL)
+                t_kill = time.monotonic()
+                while True:
+                    m = re.search(r"resuming from checkpoint step-\d+\.pt: step (\d+)", log.read_text())
+                    if m and any(h["step"] > int(m[1]) for h in history(out)):
+                        break
+                    assert host.poll() is None, log.read_text()[-2000:]
+                    time.sleep(0.05)
+                res = {"kill_to_next_step_seconds": round(time.monotonic() - t_kill, 1),
+                       "resumed_at_step": int(m[1]), "last_checkpoint_at_kill": killed_at_step}
+            assert host.wait() == 0, log.read_text()[-2000:]
+            other.wait()
+        return res | {"wall_seconds": round(time.monotonic() - t0, 1), "steps": metrics(out)["steps"],
+                      "world_size_at_end": metrics(out)["world_size"]}
+
+    return {"uninterrupted": go(tmp / "el-ref", False), "node_lost": go(tmp / "el-kill", True)}
+
+
 def main() -> int:
     p = argparse.ArgumentParser()
     p.add_argument("--out", default=str(ROOT / "benchmarks/results/training_sharing.json"))
-    p.add_argument("--parts", nargs="*", default=["compression", "prefetch", "preemption", "search"])
+    p.add_argument("--parts", nargs="*",
+                   default=["compression", "prefetch", "preemption", "search", "elastic"])
     args = p.parse_args()
     load_before = os.getloadavg()
     result = {"machine": "Intel host (2 vCPUs)", "date": time.strftime("%Y-%m-%d"),

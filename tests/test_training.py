@@ -720,20 +720,34 @@ def test_sigterm_preempts_with_a_checkpoint_and_the_resume_is_identical(
 
 
 @pytest.mark.e2e
-def test_a_tiny_search_picks_the_better_setting(tmp_path: Path, env: dict[str, str]) -> None:
+def test_a_tiny_search_picks_the_better_setting(tmp_path: Path, env: dict[str, str],
+                                                mlflow_server: str) -> None:
     """Two learning rates, one that cannot learn anything in two epochs: the study (real
-    training runs as trials) picks the other, and records every trial."""
-    from core.config import SearchConfig
-    from training.search import run_study
+    training runs as trials, each a nested MLflow run the trainer logs into) picks the
+    other, and records every trial."""
+    from mlflow import MlflowClient
 
+    from core.config import SearchConfig, load_config
+    from training.search import run_study
+    from training.task import _NestedRuns
+
+    client = MlflowClient(tracking_uri=mlflow_server)
+    parent = client.create_run(client.create_experiment(f"search-{time.time_ns()}")).info.run_id
+    cfg = load_config(overrides={"tracking.uri": mlflow_server}, env={})
     curated, labels = make_curated(tmp_path / "data", n_train=40)
     search = SearchConfig(enabled=True, trials=2, trial_epochs=2, lr=[1e-9, 3e-3], seed=1)
     base = TrainConfig(**SMALL, num_threads=1)
 
     def launch(out: Path, config: Path, run_id: str | None) -> list[str]:
-        return train_cmd(curated, labels, out, config, nproc=1)
+        return [*train_cmd(curated, labels, out, config, nproc=1), "--mlflow-run-id", str(run_id)]
 
-    summary = run_study(search, base, launch, tmp_path / "search", env, ROOT)
+    tenv = env | {"MLFLOW_TRACKING_URI": mlflow_server}
+    summary = run_study(search, base, launch, tmp_path / "search", tenv, ROOT, _NestedRuns(cfg, parent))
+    children = client.search_runs([client.get_run(parent).info.experiment_id],
+                                  filter_string=f"tags.mlflow.parentRunId = '{parent}'")
+    assert sorted(float(c.data.params["lr"]) for c in children) == [1e-9, 3e-3]
+    assert all(c.info.status == "FINISHED" and "best_val_macro_f1" in c.data.metrics
+               and len(client.get_metric_history(c.info.run_id, "train_loss")) > 0 for c in children)
     assert summary["best_params"] == {"lr": 3e-3}
     assert summary["sampler"] == "GridSampler"
     states = {t["params"]["lr"]: (t["state"], t["value"]) for t in summary["trials"]}
