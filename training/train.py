@@ -15,7 +15,10 @@ newest checkpoint in ``OUT/checkpoints``: same epoch, the already-consumed batch
 epoch skipped (the sampler order is a function of seed and epoch alone), RNG, optimizer
 and scheduler restored. It therefore ends with the same step count and, up to float
 non-associativity, the same model as an uninterrupted run. ``OUT/done`` is written last;
-a launch that finds it exits at once, so re-running a finished task is free.
+a launch that finds it exits at once, so re-running a finished task is free. It may
+resume at another world size: the epoch's consumed sample count is checkpointed and the
+rest of the epoch dealt to the new ranks (``training/state.py``). A SIGTERM is a
+preemption: checkpoint at the next optimizer step, then exit 75 (``EXIT_PREEMPTED``).
 
 This file reads top to bottom: arguments, set-up, the loop, the finish, the entry point.
 The supporting pieces live in the sibling modules (``distributed``, ``optim``,
@@ -97,6 +100,8 @@ _PREEMPT = threading.Event()
 
 class Preempted(Exception):  # noqa: N818 - a status, not an error
     """A SIGTERM was honoured: the state is checkpointed, the run is to be resumed."""
+
+
 # Settings that change speed, not the result: left out of a checkpoint's identity.
 SPEED_ONLY = {"num_threads", "num_workers", "prefetch_factor", "persistent_workers"}
 EXIT_USAGE = 2
@@ -127,10 +132,10 @@ def setup(args: argparse.Namespace, cfg: TrainConfig, ctx: DistContext, started:
     collate = PadCollate(pad_token_id(tok))
     ds = {name: EncodedDataset(df, labels, tok) for name, df in splits.items()}
     # The run's identity: what a checkpoint must agree with to be resumed. num_threads and
-    # the DataLoader workers are left out (they change speed, not the result); world size and data shape are in,
-    # because the sampler's sharding and the schedule depend on them.
-    # world_size is the one the run started at: a resume at another one keeps the global
-    # batch (batch_size x grad_accum_steps x world size) and the schedule of that start.
+    # the DataLoader workers are left out (they change speed, not the result); the data
+    # shape and the world size the run *started* at are in: a resume at another world size
+    # keeps that start's global batch (batch_size x grad_accum_steps x world size, the
+    # accumulation rescaled) and its LR schedule.
     origin_world = ckpt.origin_world_size(Path(args.out) / "checkpoints") or ctx.world_size
     accum = resized_accum(cfg, origin_world, ctx.world_size)
     identity = {"training": cfg.model_dump(exclude=SPEED_ONLY), "world_size": origin_world,
@@ -190,14 +195,16 @@ def train(run: Run) -> None:
 
 
 def train_epoch(run: Run, history: TextIO | None) -> None:
-    """The rest of the current epoch. An optimizer step is ``grad_accum_steps`` micro-batches
-    (fewer for an epoch's last group); DDP all-reduces gradients on a group's last one only."""
+    """The rest of the current epoch. An optimizer step is ``run.accum`` micro-batches
+    (``grad_accum_steps``, rescaled after a resize; fewer for an epoch's last group); DDP
+    all-reduces gradients on a group's last one only. A SIGTERM on any rank (preemption)
+    ends the epoch after the current optimizer step, on every rank, with a checkpoint."""
     cfg, ctx, st = run.cfg, run.ctx, run.state
     accum = run.accum
     run.ddp.train()
     tick = time.monotonic()
     step_loss, step_samples = 0.0, 0
-    batches = run.batches(st.epoch)  # sets run.epoch_micro: this (segment of the) epoch's
+    batches = run.batches(st.epoch)  # also sets run.epoch_micro (micro-batches this epoch)
     micro = st.batch_in_epoch
     trace = TraceIds(run)
     for batch in batches:
@@ -348,11 +355,11 @@ def run_training(args: argparse.Namespace, cfg: TrainConfig, ctx: DistContext) -
     except Preempted:
         if ctx.is_main:
             write_json(run.out / PREEMPTED_MARKER, {
-                "at": dt.datetime.now(dt.UTC).isoformat(), "step": st_step(run),
+                "at": dt.datetime.now(dt.UTC).isoformat(), "step": run.state.global_step,
                 "signal_to_exit_seconds": round(time.monotonic() - _signalled_at[0], 3)
                 if _signalled_at else None})
             log.warning("preempted: checkpoint at step %d written, exiting with %d to be "
-                        "resumed", st_step(run), EXIT_PREEMPTED)
+                        "resumed", run.state.global_step, EXIT_PREEMPTED)
         if run.tracker is not None:
             run.tracker.flush()  # the MLflow run stays open: the resumed attempt continues it
         raise
@@ -364,11 +371,7 @@ def run_training(args: argparse.Namespace, cfg: TrainConfig, ctx: DistContext) -
         run.tracker.close("FINISHED")
 
 
-_signalled_at: list[float] = []
-
-
-def st_step(run: Run) -> int:
-    return run.state.global_step
+_signalled_at: list[float] = []  # when the first SIGTERM arrived (monotonic)
 
 
 def _on_sigterm(signum: int, frame: object) -> None:
