@@ -821,3 +821,45 @@ def test_elastic_run_survives_losing_the_node_without_the_store(tmp_path: Path,
     for epoch in range(epochs):
         ids = sorted(i for r in lines if r["epoch"] == epoch for i in r["ids"])
         assert ids == list(range(n_rows)), f"epoch {epoch}"
+
+
+@pytest.mark.e2e
+def test_the_train_task_launch_is_preempted_by_the_controller(tmp_path: Path,
+                                                              env: dict[str, str]) -> None:
+    """The train task's launch under a lease, a real torchrun group, preempted by the
+    controller's own ``preempt`` on that lease: the launch raises StagePreempted (what the
+    DAG turns into a reschedule), and launching again finishes from the checkpoint."""
+    import threading
+
+    from core.stage import StagePreempted
+    from training.preempt import preempt, read_leases
+    from training.task import launch_preemptible
+
+    curated, labels = make_curated(tmp_path / "data", n_train=40)
+    cfg = write_config(tmp_path / "cfg.json", epochs=4, batch_size=8, num_threads=1,
+                       checkpoint_every_steps=1000)
+    lake, work = tmp_path / "lake", tmp_path / "work"
+    cmd = train_cmd(curated, labels, work, cfg)
+    outcome: list[BaseException | str] = []
+
+    def task() -> None:
+        try:
+            outcome.append(launch_preemptible(cmd, env, lake, "manual__experiment", 1, work))
+        except BaseException as exc:  # noqa: BLE001 - handed to the test thread
+            outcome.append(exc)
+
+    t = threading.Thread(target=task)
+    t.start()
+    deadline = time.monotonic() + 240
+    while _history_steps(work) < 5:
+        assert t.is_alive() and time.monotonic() < deadline, outcome
+        time.sleep(0.05)
+    (lease,) = read_leases(lake)
+    assert lease.run_id == "manual__experiment" and lease.priority == 1
+    freed = preempt(lease, grace_seconds=60)
+    t.join(timeout=120)
+    assert freed["checkpointed"] and not freed["killed"]
+    assert len(outcome) == 1 and isinstance(outcome[0], StagePreempted), outcome
+    assert "preempted at step" in str(outcome[0]) and read_leases(lake) == []
+    launch_preemptible(cmd, env, lake, "manual__experiment", 1, work)
+    assert (work / "done").exists() and metrics(work)["resumed_from_steps"]

@@ -196,6 +196,39 @@ def _search(cfg: PipelineConfig, hp: Any, curated: Path, labels: Path, folder: P
     return summary
 
 
+def launch_preemptible(cmd: list[str], env: dict[str, str], lake: Path, run_id: str,
+                       priority: int, work_dir: Path) -> str:
+    """Run the trainer's launcher to the end under a lease (whom the preemption controller
+    signals, at what priority); its output. A run that exits as preempted (the trainer's
+    ``preempted`` marker) raises ``StagePreempted``, any other failure ``StageError``."""
+    log.info("launching: %s", " ".join(cmd))
+    (work_dir / "preempted").unlink(missing_ok=True)
+    with tempfile.TemporaryFile("w+") as output:
+        proc = subprocess.Popen(cmd, env=env, cwd=PROJECT_ROOT, stdout=output,
+                                stderr=subprocess.STDOUT, text=True, start_new_session=True)
+        lease = preempt.write_lease(lake, preempt.Lease(run_id, priority, proc.pid, time.time(),
+                                                        str(work_dir)))
+        try:
+            proc.wait()
+        finally:
+            if proc.poll() is None:  # the task itself is being killed: take torchrun along
+                os.killpg(proc.pid, signal.SIGTERM)
+                proc.wait()
+            lease.unlink(missing_ok=True)
+        output.seek(0)
+        text = output.read()
+    sys.stdout.write(text[-20000:])
+    if proc.returncode != 0 and (work_dir / "preempted").exists():
+        info = json.loads((work_dir / "preempted").read_text())
+        raise stage.StagePreempted(
+            f"preempted at step {info.get('step')} (checkpointed); resumes from it when "
+            "rescheduled")
+    if proc.returncode != 0:
+        tail = "\n".join(text.strip().splitlines()[-15:])
+        raise stage.StageError(f"torchrun exited with {proc.returncode}; last lines:\n{tail}")
+    return text
+
+
 def window_check(window: str, now: dt.datetime | None = None) -> None:
     """Outside the training window: StageDeferred until its opening."""
     now = now or dt.datetime.now().astimezone()
@@ -237,32 +270,7 @@ def run(cfg: PipelineConfig, run_id: str) -> stage.StageResult:
         config_file.write_text(json.dumps(hparams.model_dump(), indent=2))
         cmd = torchrun_command(cfg, Path(qa.path) / "curated", Path(labels_file), work_dir,
                                config_file, rid)
-        log.info("launching: %s", " ".join(cmd))
-        (work_dir / "preempted").unlink(missing_ok=True)
-        with tempfile.TemporaryFile("w+") as output:
-            proc = subprocess.Popen(cmd, env=env, cwd=PROJECT_ROOT, stdout=output,
-                                    stderr=subprocess.STDOUT, text=True, start_new_session=True)
-            # The lease tells the preemption controller whom to signal, at what priority.
-            lease = preempt.write_lease(cfg.lake, preempt.Lease(
-                run_id, t.priority, proc.pid, time.time(), str(work_dir)))
-            try:
-                proc.wait()
-            finally:
-                if proc.poll() is None:  # the task itself is being killed: take torchrun along
-                    os.killpg(proc.pid, signal.SIGTERM)
-                    proc.wait()
-                lease.unlink(missing_ok=True)
-            output.seek(0)
-            text = output.read()
-        sys.stdout.write(text[-20000:])
-        if proc.returncode != 0 and (work_dir / "preempted").exists():
-            info = json.loads((work_dir / "preempted").read_text())
-            raise stage.StagePreempted(
-                f"preempted at step {info.get('step')} (checkpointed); resumes from it when "
-                "rescheduled")
-        if proc.returncode != 0:
-            tail = "\n".join(text.strip().splitlines()[-15:])
-            raise stage.StageError(f"torchrun exited with {proc.returncode}; last lines:\n{tail}")
+        launch_preemptible(cmd, env, cfg.lake, run_id, t.priority, work_dir)
         figures = _attach_contract(cfg, run_id, qa, work_dir / "model", rid)
         model_uri = _log_model(cfg, rid, work_dir / "model")
         for name in ("model", "metrics.json", "history.jsonl", "confusion_matrix.png",
