@@ -25,6 +25,8 @@ demo: $(VENV)/.installed
 	$(BIN)/intentops build-raw --out var/demo/raw --rows $(ROWS) --seed $(SEED) --format csv --daily --source train
 	$(BIN)/airflow db migrate > var/airflow-db.log 2>&1 || (cat var/airflow-db.log; exit 1)
 	$(BIN)/airflow pools set intentops_registry 1 "model registry writes, one at a time" > /dev/null
+	$(BIN)/airflow pools set intentops_spark 1 "Spark jobs (spark-submit slots)" > /dev/null
+	$(BIN)/airflow pools set intentops_training 1 "training process groups (torchrun); preemptible by priority" > /dev/null
 	$(BIN)/airflow dags test intentops_pipeline \
 	  --conf '{"input_path": "var/demo/raw/raw.csv"}' > var/demo/dags-test.log 2>&1 \
 	  || (tail -n 80 var/demo/dags-test.log; exit 1)

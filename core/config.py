@@ -273,6 +273,60 @@ class TrainingHParams(_Section):
     length_grouping: int = Field(
         0, ge=0, description="Batches of similar length: each run of this many batches of the "
         "shuffled order is sorted by length, then the batches are shuffled (0: off).")
+    # Gradient compression (training/comm.py): a DDP communication hook. bf16 needs NCCL
+    # (GPUs) and is refused on gloo; powersgd sends two rank-`powersgd_rank` factors per
+    # weight matrix after `powersgd_start_iter` plain all-reduces.
+    comm_hook: Literal["none", "fp16", "bf16", "powersgd"] = Field(
+        "none", description="Gradient compression between processes: none, fp16, bf16 (NCCL "
+        "only) or powersgd.")
+    powersgd_rank: int = Field(2, ge=1, le=64, description="PowerSGD matrix approximation rank.")
+    powersgd_start_iter: int = Field(
+        10, ge=2, description="PowerSGD: plain all-reduces before compression starts (>= 2).")
+    # Data prefetch (training/state.py): DataLoader worker processes tokenize-free batches
+    # (padding, collation) ahead of the step. They change speed, never the result, so like
+    # num_threads they are not part of a checkpoint's identity. Memory is pinned only when
+    # CUDA is present.
+    num_workers: int = Field(0, ge=0, le=32, description="DataLoader worker processes per "
+                             "training process (0: batches built in the training process).")
+    prefetch_factor: int = Field(2, ge=1, le=64, description="Batches each worker prepares ahead.")
+    persistent_workers: bool = Field(False, description="Keep the workers between epochs.")
+
+    @model_validator(mode="after")
+    def _workers(self) -> TrainingHParams:
+        if self.persistent_workers and self.num_workers == 0:
+            raise ValueError("persistent_workers needs num_workers > 0")
+        return self
+
+
+class SearchConfig(_Section):
+    """An optional Optuna study before training (training/search.py): each trial trains
+    with one choice per searched setting for `trial_epochs`, scored by the best validation
+    `hparams.early_stopping_metric`; trials that trail the median of earlier ones at the same
+    epoch are pruned (SIGTERM, the preemption path). The budget is `trials` and
+    `timeout_seconds`, whichever ends first; the best trial's settings train the model.
+    A list left empty is not searched."""
+
+    enabled: bool = False
+    trials: int = Field(8, ge=1, le=500)
+    timeout_seconds: float = Field(3600.0, gt=0)
+    trial_epochs: int | None = Field(None, ge=1, le=50, description="Epochs per trial (empty: hparams.epochs)")
+    pruning: bool = True
+    seed: int = 0
+    lr: list[float] = Field(default_factory=lambda: [1e-4, 2e-4, 5e-4])
+    batch_size: list[int] = Field(default_factory=list)
+    dropout: list[float] = Field(default_factory=list)
+    weight_decay: list[float] = Field(default_factory=list)
+
+    def space(self) -> dict[str, list[Any]]:
+        return {k: list(getattr(self, k)) for k in ("lr", "batch_size", "dropout", "weight_decay")
+                if getattr(self, k)}
+
+    @model_validator(mode="after")
+    def _space(self) -> SearchConfig:
+        if self.enabled and not self.space():
+            raise ValueError("training.search.enabled needs at least one of lr, batch_size, "
+                             "dropout, weight_decay to list choices")
+        return self
 
 
 class TrainingConfig(_Section):
@@ -282,12 +336,55 @@ class TrainingConfig(_Section):
     # (batch 16) and 0.9265 with two (global batch 32, half the optimizer steps), at 10 vs
     # 12 min (docs/BENCHMARKS.md, issue 21). More cores, GPUs or nodes: raise it.
     nproc_per_node: int = Field(1, ge=1)
-    nnodes: int = Field(1, ge=1)
+    # A number, or an elastic range "MIN:MAX": torchrun keeps training while at least MIN
+    # nodes take part; a lost node triggers a re-rendezvous and the survivors resume from
+    # the last checkpoint at the smaller world size (training/state.py, resize).
+    nnodes: int | str = Field(1, description="Nodes: N, or an elastic range MIN:MAX")
     rdzv_endpoint: str = ""
     # torchrun restarts the group this often after a worker dies; each restart (and each
     # Airflow retry) resumes from the newest checkpoint.
     max_restarts: int = Field(1, ge=0)
+    # Sharing (training/preempt.py): a waiting training of higher priority preempts a running
+    # one of lower priority (e.g. a production retrain 100, an experiment 1; equals never
+    # preempt each other). The preempted trainer checkpoints and exits within one optimizer
+    # step; after `preempt_grace_seconds` the controller kills it. Its task is rescheduled
+    # (no retry used up) `reschedule_seconds` later and resumes from the checkpoint.
+    priority: int = Field(1, ge=0, le=1000, description="Preemption priority of this run's "
+                          "training (a production retrain outranks an experiment)")
+    preempt_grace_seconds: float = Field(120.0, gt=0, le=3600)
+    reschedule_seconds: float = Field(60.0, ge=1, le=86400)
+    # "Serve by day, train by night": training starts only inside this daily window
+    # ("22:00-06:00", host local time; empty: any time; the train task is rescheduled to
+    # the window's opening), and the autoscaler holds serving at its minimum replicas in it.
+    window: str = Field("", description="Daily window training may start in, HH:MM-HH:MM "
+                        "(e.g. 22:00-06:00); empty: any time")
+
+    @field_validator("window")
+    @classmethod
+    def _window(cls, v: str) -> str:
+        from core import timewindow
+
+        timewindow.parse(v)
+        return v.strip()
     hparams: TrainingHParams = Field(default_factory=lambda: TrainingHParams())
+
+    @field_validator("nnodes", mode="before")
+    @classmethod
+    def _nnodes(cls, v: Any) -> int | str:
+        text = str(v).strip()
+        m = re.fullmatch(r"(\d+)(?::(\d+))?", text)
+        lo, hi = (int(m[1]), int(m[2] or m[1])) if m else (0, 0)
+        if not m or lo < 1 or hi < lo:
+            raise ValueError(f"nnodes {v!r}: expected a number >= 1 or a range MIN:MAX with "
+                             "1 <= MIN <= MAX")
+        return lo if lo == hi else f"{lo}:{hi}"
+
+    @property
+    def nnodes_range(self) -> tuple[int, int]:
+        lo, _, hi = str(self.nnodes).partition(":")
+        return int(lo), int(hi or lo)
+
+    search: SearchConfig = Field(default_factory=lambda: SearchConfig())
     # Empty: follow the dataset (intentops-<dataset>-training, intentops-<dataset>): two
     # datasets in one installation never share a model name, experiment or alias.
     experiment: str = ""

@@ -44,6 +44,7 @@ ALIASES: dict[str, str] = {
     "max_steps": "training.hparams.max_steps",
     "learning_rate": "training.hparams.lr",
     "registration_margin": "training.margin",
+    "training_priority": "training.priority",
     "canary_steps": "deploy.steps",
     "canary_bake_seconds": "deploy.bake_seconds",
 }

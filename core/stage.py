@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from core import __version__
-from core.errors import StageError, StageSkipped, StageVerdict  # noqa: F401 (re-exported: stages raise them from here)
+from core.errors import StageDeferred, StageError, StagePreempted, StageSkipped, StageVerdict  # noqa: F401 (re-exported: stages raise them from here)
 
 log = logging.getLogger(__name__)
 

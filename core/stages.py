@@ -54,6 +54,8 @@ class Stage:
     # Airflow's trigger rule: "all_done" runs the stage after an upstream verdict stopped the
     # run (the review push sends label QA's queue even when its gate failed).
     trigger_rule: str = "all_success"
+    # Airflow priority_weight (the scheduler's order among waiting tasks; it never preempts).
+    priority_weight: int = 1
 
     @property
     def module(self) -> str:
@@ -85,19 +87,29 @@ def _resolve(ref: str) -> Callable[..., Any]:
     return getattr(importlib.import_module(module), name)
 
 
+# Airflow pools per resource: created by `make demo` / `make up` (POOLS: name, slots, what).
+SPARK_POOL, TRAINING_POOL, REGISTRY_POOL = "intentops_spark", "intentops_training", "intentops_registry"
+POOLS: tuple[tuple[str, int, str], ...] = (
+    (SPARK_POOL, 1, "Spark jobs (spark-submit slots)"),
+    (TRAINING_POOL, 1, "training process groups (torchrun); preemptible by priority"),
+    (REGISTRY_POOL, 1, "model registry writes, one at a time"),
+)
+
 STAGES: tuple[Stage, ...] = (
     Stage("clean", (), ("input", "clean", "oos", "spark"), "jobs.spark.clean:run",
           ("kept/", "quarantine/"),
           "schema, Unicode NFKC, whitespace and control characters, length bounds, label "
-          "normalization; rejects go to quarantine with a reason code", kind="spark"),
+          "normalization; rejects go to quarantine with a reason code", kind="spark",
+          pool=SPARK_POOL),
     Stage("dedup", ("clean",), ("dedup", "spark"), "jobs.spark.dedup:run",
           ("kept/", "merged/", "clusters/"),
           "exact duplicates on the normalized key, then near-duplicates by MinHash LSH; one "
-          "survivor per cluster, clusters with disagreeing labels flagged", kind="spark"),
+          "survivor per cluster, clusters with disagreeing labels flagged", kind="spark",
+          pool=SPARK_POOL),
     Stage("desensitize", ("dedup",), ("desensitize", "spark"), "jobs.spark.desensitize:run",
           ("kept/", "merged/", "report.json"),
           "detects personal data and masks it with typed placeholders or keyed pseudonyms; "
-          "nothing downstream sees raw PII", kind="spark"),
+          "nothing downstream sees raw PII", kind="spark", pool=SPARK_POOL),
     Stage("validate", ("clean", "dedup", "desensitize"), ("validation", "clean"), "quality.validate_stage:run",
           ("validation_result.json", "data_docs/"),
           "Great Expectations gate on the desensitized data: schema, nulls, label set, length, "
@@ -118,12 +130,13 @@ STAGES: tuple[Stage, ...] = (
           ("model/", "metrics.json", "history.jsonl", "confusion_matrix.png",
            "classification_report.json", "config.json", "mlflow.json"),
           "torchrun process group fine-tuning the classifier on the curated split; "
-          "checkpoints, a retry resumes; MLflow run with lineage tags"),
+          "checkpoints, a retry resumes; MLflow run with lineage tags; preemptible",
+          pool=TRAINING_POOL, priority_weight=10),
     Stage("register", ("labelqa", "train"), ("training", "oos", "tracking"), "training.register_stage:run",
           ("behaviour.json", "decision.json"),
           "behavioural checks, then the registry gate: alias challenger only when the model "
           "beats the champion by the margin", check="training.register_stage:check",
-          retries=2, pool="intentops_registry"),
+          retries=2, pool=REGISTRY_POOL),
     Stage("export", ("labelqa", "register"), ("export", "training", "oos", "tracking"), "export.task:run",
           ("fp32/", "int8/", "report.md", "report.json"),
           "ONNX fp32 and int8 builds of the registered version, parity-checked, gated and "

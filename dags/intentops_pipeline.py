@@ -114,6 +114,8 @@ def spark_stage(stage: Stage) -> StageSubmitOperator:
         stage_sections=stage.sections,
         retries=stage.retries,
         execution_timeout=timedelta(minutes=stage.timeout_minutes),
+        priority_weight=stage.priority_weight,
+        **({"pool": stage.pool} if stage.pool else {}),
     )
 
 
@@ -126,6 +128,7 @@ def python_stage(stage: Stage):
 
     @task(task_id=name, doc_md=stage.summary, retries=stage.retries, trigger_rule=stage.trigger_rule,
           execution_timeout=timedelta(minutes=stage.timeout_minutes),
+          priority_weight=stage.priority_weight,
           **({"pool": stage.pool} if stage.pool else {}))
     def run_stage(config_path: str, run_id: str) -> str:
         import os
@@ -134,7 +137,7 @@ def python_stage(stage: Stage):
 
         from core import stages
         from core.runs import load_run_config
-        from core.stage import StageSkipped, StageVerdict
+        from core.stage import StageDeferred, StageSkipped, StageVerdict
 
         # Who moves an alias (promotion, registration): recorded in the alias history.
         os.environ["INTENTOPS_ACTOR"] = f"airflow:intentops_pipeline/{run_id}"
@@ -158,6 +161,17 @@ def python_stage(stage: Stage):
             raise AirflowFailException(str(exc)) from None
         except StageSkipped as exc:  # e.g. no Label Studio configured: skipped, with the reason
             raise AirflowSkipException(str(exc)) from None
+        except StageDeferred as exc:
+            # Preempted by a higher-priority training (the project's controller: the trainer
+            # checkpointed) or outside the training window: up_for_reschedule frees the pool
+            # slot without using up a retry.
+            from datetime import UTC, datetime
+
+            from airflow.sdk.exceptions import AirflowRescheduleException
+
+            print(f"{name}: {exc}")
+            raise AirflowRescheduleException(exc.until or datetime.now(UTC) + timedelta(
+                seconds=cfg.training.reschedule_seconds)) from None
         return result.path
 
     return run_stage

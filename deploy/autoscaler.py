@@ -31,6 +31,7 @@ router's gauge) for the queue-depth rule.
 from __future__ import annotations
 
 import argparse
+import datetime as dt
 import logging
 import math
 import os
@@ -63,9 +64,15 @@ class Memory:
     history: list[tuple[float, int, str]] = field(default_factory=list)
 
 
-def decide(s: Signals, running: int, policy: Any, mem: Memory, now: float) -> tuple[int, str]:
-    """The replica count to run and why (``running`` when nothing changes)."""
+def decide(s: Signals, running: int, policy: Any, mem: Memory, now: float,
+           training_window: bool = False) -> tuple[int, str]:
+    """The replica count to run and why (``running`` when nothing changes). Inside the
+    training window (``training.window``) serving holds its minimum: the machines train."""
     lo, hi = policy.min_replicas, policy.max_replicas
+    if training_window:
+        if running != lo:
+            return lo, f"training window: serving at its minimum ({running} -> {lo})"
+        return running, "training window: serving held at its minimum"
     if running < lo:
         return lo, f"below the minimum ({running} < {lo})"
     if running > hi:
@@ -165,7 +172,11 @@ class Autoscaler:
         running = len(self.dep.stable_pool(state))
         s = self.signals(state)
         now = time.time()
-        want, why = decide(s, running, self.policy, self.mem, now)
+        from core import timewindow
+
+        window = timewindow.inside(self.cfg.training.window, dt.datetime.now().astimezone()) \
+            if self.cfg.training.window else False
+        want, why = decide(s, running, self.policy, self.mem, now, training_window=window)
         for name, value in (("outstanding_per_replica", s.per_replica), ("p99_ms", s.p99_ms), ("cpu", s.cpu)):
             if value is not None:
                 self.signal.labels(name).set(value)

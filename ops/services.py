@@ -243,8 +243,10 @@ class Services:
         started += self._label_studio_up(state)
 
         if not self.alive(state.get("airflow")):
+            from core.stages import POOLS
+
             for cmd in (["db", "migrate"],
-                        ["pools", "set", "intentops_registry", "1", "model registry writes, one at a time"]):
+                        *(["pools", "set", name, str(slots), what] for name, slots, what in POOLS)):
                 out = subprocess.run([str(self.bin / "airflow"), *cmd], env=env, cwd=PROJECT_ROOT,
                                      capture_output=True, text=True, timeout=900)
                 if out.returncode != 0:

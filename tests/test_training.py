@@ -493,3 +493,373 @@ def test_unreachable_tracking_server_fails_naming_the_uri(tmp_path: Path,
     assert res.returncode == 2
     assert f"MLflow tracking server {uri}" in res.stderr and "attempt 5/5" in res.stderr
     assert res.stderr.count("retrying in") == 4
+
+
+# --------------------------------------------------------------------------- sharing (issue 29)
+
+
+@pytest.mark.e2e
+def test_compression_hooks_train_to_the_same_accuracy_with_fewer_bytes(
+        tmp_path: Path, env: dict[str, str]) -> None:
+    """fp16 and PowerSGD communication hooks on 2 gloo processes: the tiny model reaches the
+    accuracy of the uncompressed run within a tolerance, and the measured all-reduce payload
+    shrinks: exactly half with fp16, far less than that with PowerSGD once it starts."""
+    curated, labels = make_curated(tmp_path / "data", n_train=60)
+    base = {"epochs": 4, "batch_size": 8, "lr": 2e-3, "num_threads": 1}
+    result = {}
+    for hook in ("none", "fp16", "powersgd"):
+        cfg = write_config(tmp_path / f"{hook}.json", **base, comm_hook=hook, powersgd_rank=2,
+                           powersgd_start_iter=3)
+        out = tmp_path / hook
+        res = run(train_cmd(curated, labels, out, cfg), env)
+        assert res.returncode == 0, res.stderr[-4000:]
+        result[hook] = (metrics(out), history(out))
+    none, fp16, psgd = (result[h][0] for h in ("none", "fp16", "powersgd"))
+    assert none["comm_hook"] == "none" and fp16["comm_hook"] == "fp16"
+    assert none["test_accuracy"] >= 0.6, none["test_accuracy"]
+    for m in (fp16, psgd):
+        assert m["test_accuracy"] == pytest.approx(none["test_accuracy"], abs=0.1)
+        assert m["steps"] == none["steps"]
+    per_step = [h["comm_bytes"] for h in result["none"][1]]
+    assert len(set(per_step)) == 1 and per_step[0] > 0  # every step reduces all gradients
+    assert fp16["comm_bytes"] * 2 == none["comm_bytes"]
+    psgd_steps = [h["comm_bytes"] for h in result["powersgd"][1]]
+    assert psgd_steps[:2] == per_step[:2]  # PowerSGD's warm-up: plain fp32 all-reduces
+    assert max(psgd_steps[3:]) < per_step[0] / 4
+
+
+def test_bf16_hook_is_refused_on_gloo(tmp_path: Path, env: dict[str, str]) -> None:
+    curated, labels = make_curated(tmp_path / "data", n_train=20)
+    cfg = write_config(tmp_path / "cfg.json", epochs=1, batch_size=16, comm_hook="bf16")
+    res = run(train_cmd(curated, labels, tmp_path / "out", cfg), env, timeout=180)
+    assert res.returncode != 0
+    assert "comm_hook=bf16 needs the nccl backend" in res.stderr
+    assert not (tmp_path / "out" / "done").exists()
+
+
+def _state_dict(out: Path) -> dict[str, torch.Tensor]:
+    return torch.load(out / "model" / "model.pt", weights_only=True)
+
+
+def _assert_same_model(a: Path, b: Path) -> None:
+    sa, sb = _state_dict(a), _state_dict(b)
+    assert sa.keys() == sb.keys()
+    for k in sa:
+        assert torch.equal(sa[k], sb[k]), k
+
+
+@pytest.mark.e2e
+def test_prefetch_workers_give_the_identical_run(tmp_path: Path, env: dict[str, str]) -> None:
+    """DataLoader workers (persistent, prefetching) only move batch building off the training
+    process: the loss of every step and the final weights are bit-identical to a run
+    without them, and the checkpoint identity ignores the setting."""
+    curated, labels = make_curated(tmp_path / "data", n_train=40)
+    base = {"epochs": 2, "batch_size": 8, "num_threads": 1, "checkpoint_every_steps": 5}
+    plain = write_config(tmp_path / "plain.json", **base)
+    workers = write_config(tmp_path / "workers.json", **base, num_workers=2, prefetch_factor=3,
+                           persistent_workers=True)
+    outs = {}
+    for name, cfg in (("plain", plain), ("workers", workers)):
+        outs[name] = tmp_path / name
+        res = run(train_cmd(curated, labels, outs[name], cfg, nproc=1), env)
+        assert res.returncode == 0, res.stderr[-4000:]
+    ha, hb = history(outs["plain"]), history(outs["workers"])
+    assert len(ha) == metrics(outs["plain"])["steps"] > 5
+    assert [h["loss"] for h in ha] == [h["loss"] for h in hb]
+    _assert_same_model(outs["plain"], outs["workers"])
+    assert metrics(outs["plain"])["config_fingerprint"] == metrics(outs["workers"])["config_fingerprint"]
+
+
+def test_persistent_workers_need_workers() -> None:
+    with pytest.raises(ValueError, match="persistent_workers needs num_workers > 0"):
+        TrainConfig(**SMALL, persistent_workers=True)
+
+
+def _kill_at_mid_epoch_checkpoint(cmd: list[str], env: dict[str, str], out: Path, log_path: Path,
+                                  per_epoch: int, sig: int = signal.SIGKILL) -> subprocess.Popen:
+    """Start ``cmd``; once a checkpoint past the first epoch and inside an epoch exists, send
+    ``sig`` to the launcher's process group; return the finished process."""
+    log = log_path.open("w")
+    proc = subprocess.Popen(cmd, env=env, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
+                            start_new_session=True)
+    deadline = time.monotonic() + 240
+    try:
+        while True:
+            assert proc.poll() is None, log_path.read_text()[-3000:]
+            assert time.monotonic() < deadline, "no mid-epoch checkpoint appeared"
+            steps = [s for s, _ in ckpt.step_checkpoints(out / "checkpoints")]
+            if any(s > per_epoch and s % per_epoch for s in steps):
+                break
+            time.sleep(0.02)
+        os.killpg(proc.pid, sig)
+        proc.wait(timeout=120)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+        log.close()
+    return proc
+
+
+def _traced(folder: Path) -> dict[int, list[dict[str, Any]]]:
+    """pid -> the trace lines that process wrote."""
+    return {int(p.stem.split("-")[1]): [json.loads(x) for x in p.read_text().splitlines()]
+            for p in folder.glob("rank*-*.jsonl")}
+
+
+@pytest.mark.e2e
+@pytest.mark.parametrize(("first_world", "then_world", "accum"), [(2, 1, 1), (1, 2, 2)])
+def test_resume_at_another_world_size_sees_every_sample_once(
+        tmp_path: Path, env: dict[str, str], first_world: int, then_world: int, accum: int) -> None:
+    """A run killed mid-epoch at one world size resumes at another: the global batch is kept
+    (grad_accum_steps rescaled), and each epoch's consumed train rows, recorded per rank and
+    optimizer step, are every row exactly once across both attempts."""
+    n_rows, batch, epochs = 40 * len(CLASSES), 8, 3
+    curated, labels = make_curated(tmp_path / "data", n_train=40)
+    cfg = write_config(tmp_path / "cfg.json", epochs=epochs, batch_size=batch, grad_accum_steps=accum,
+                       checkpoint_every_steps=3, num_threads=1)
+    micro = math.ceil(math.ceil(n_rows / first_world) / batch)
+    per_epoch = math.ceil(micro / accum)
+    out, trace = tmp_path / "out", tmp_path / "trace"
+    trace.mkdir()
+    tenv = env | {"INTENTOPS_TRAIN_TRACE_IDS": str(trace)}
+    proc = _kill_at_mid_epoch_checkpoint(train_cmd(curated, labels, out, cfg, nproc=first_world),
+                                         tenv, out, tmp_path / "first.log", per_epoch)
+    assert proc.returncode != 0 and not (out / "done").exists()
+    first_pids = set(_traced(trace))
+    res = run(train_cmd(curated, labels, out, cfg, nproc=then_world), tenv)
+    assert res.returncode == 0, res.stderr[-4000:]
+    found = re.search(r"resuming from checkpoint step-\d+\.pt: step (\d+) of", res.stderr)
+    assert found and "resized: epoch" in res.stderr, res.stderr[-3000:]
+    resumed = int(found.group(1))
+    assert 0 < resumed < epochs * per_epoch and resumed % per_epoch
+
+    lines = []
+    for pid, rows in _traced(trace).items():
+        # the killed attempt's steps after its last checkpoint were redone by the resume
+        lines += [r for r in rows if pid not in first_pids or r["step"] <= resumed]
+    for epoch in range(epochs):
+        ids = sorted(i for r in lines if r["epoch"] == epoch for i in r["ids"])
+        assert ids == list(range(n_rows)), f"epoch {epoch}"
+    m = metrics(out)
+    assert m["world_size"] == then_world and m["resumed_from_steps"] == [resumed]
+    assert m["epochs_completed"] == epochs
+    assert m["test_accuracy"] >= 0.5, m["test_accuracy"]  # chance is 0.2
+    steps = [h["step"] for h in history(out)]
+    assert steps == list(range(1, m["steps"] + 1))
+
+
+def test_resize_that_cannot_keep_the_global_batch_is_refused() -> None:
+    from training.state import resized_accum
+
+    cfg = TrainConfig(**SMALL, grad_accum_steps=1)
+    assert resized_accum(cfg, 2, 1) == 2 and resized_accum(cfg, 1, 1) == 1
+    assert resized_accum(TrainConfig(**SMALL, grad_accum_steps=2), 1, 2) == 1
+    with pytest.raises(ckpt.CheckpointError, match="cannot resume at world size 2: the run started "
+                       "at world size 1 with grad_accum_steps 1"):
+        resized_accum(cfg, 1, 2)
+
+
+def _history_steps(out: Path) -> int:
+    try:
+        return len((out / "history.jsonl").read_text().splitlines())
+    except OSError:
+        return 0
+
+
+@pytest.mark.e2e
+def test_sigterm_preempts_with_a_checkpoint_and_the_resume_is_identical(
+        tmp_path: Path, env: dict[str, str]) -> None:
+    """A SIGTERM to the torchrun launcher (what the preemption controller sends) mid-epoch:
+    every rank finishes its step, rank 0 checkpoints and writes the preempted marker, the
+    workers exit 75; the next launch resumes there and ends with the very state_dict of an
+    uninterrupted run at the same world size."""
+    curated, labels = make_curated(tmp_path / "data", n_train=60)
+    cfg = write_config(tmp_path / "cfg.json", epochs=3, batch_size=8, num_threads=1,
+                       checkpoint_every_steps=1000)
+    per_epoch = math.ceil(math.ceil(60 * len(CLASSES) / 2) / 8)
+    ref = tmp_path / "uninterrupted"
+    res = run(train_cmd(curated, labels, ref, cfg), env)
+    assert res.returncode == 0, res.stderr[-4000:]
+
+    out = tmp_path / "preempted"
+    cmd = train_cmd(curated, labels, out, cfg)
+    log_path = tmp_path / "first.log"
+    with log_path.open("w") as log:
+        proc = subprocess.Popen(cmd, env=env, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
+                                start_new_session=True)
+        try:
+            deadline = time.monotonic() + 240
+            while _history_steps(out) < per_epoch + 3:
+                assert proc.poll() is None, log_path.read_text()[-3000:]
+                assert time.monotonic() < deadline
+                time.sleep(0.02)
+            proc.send_signal(signal.SIGTERM)  # the launcher only; it forwards it to the workers
+            proc.wait(timeout=120)
+        finally:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+    text = log_path.read_text()
+    assert proc.returncode != 0, text[-3000:]
+    marker = json.loads((out / "preempted").read_text())
+    assert not (out / "done").exists()
+    step = marker["step"]
+    assert per_epoch < step < 3 * per_epoch and step % per_epoch, marker
+    assert marker["signal_to_exit_seconds"] is not None
+    assert [s for s, _ in ckpt.step_checkpoints(out / "checkpoints")][-1] == step
+    # (torchrun itself exits on the signal: the marker, not its exit code, tells preemption)
+    assert "preempted: checkpoint at step" in text
+
+    res = run(cmd, env)
+    assert res.returncode == 0, res.stderr[-4000:]
+    assert f"resuming from checkpoint step-{step:08d}.pt" in res.stderr
+    assert not (out / "preempted").exists()
+    assert metrics(out)["resumed_from_steps"] == [step]
+    assert metrics(out)["steps"] == metrics(ref)["steps"]
+    _assert_same_model(ref, out)
+
+
+@pytest.mark.e2e
+def test_a_tiny_search_picks_the_better_setting(tmp_path: Path, env: dict[str, str],
+                                                mlflow_server: str) -> None:
+    """Two learning rates, one that cannot learn anything in two epochs: the study (real
+    training runs as trials, each a nested MLflow run the trainer logs into) picks the
+    other, and records every trial."""
+    from mlflow import MlflowClient
+
+    from core.config import SearchConfig, load_config
+    from training.search import run_study
+    from training.task import _NestedRuns
+
+    client = MlflowClient(tracking_uri=mlflow_server)
+    parent = client.create_run(client.create_experiment(f"search-{time.time_ns()}")).info.run_id
+    cfg = load_config(overrides={"tracking.uri": mlflow_server}, env={})
+    curated, labels = make_curated(tmp_path / "data", n_train=40)
+    search = SearchConfig(enabled=True, trials=2, trial_epochs=2, lr=[1e-9, 3e-3], seed=1)
+    base = TrainConfig(**SMALL, num_threads=1)
+
+    def launch(out: Path, config: Path, run_id: str | None) -> list[str]:
+        return [*train_cmd(curated, labels, out, config, nproc=1), "--mlflow-run-id", str(run_id)]
+
+    tenv = env | {"MLFLOW_TRACKING_URI": mlflow_server}
+    summary = run_study(search, base, launch, tmp_path / "search", tenv, ROOT, _NestedRuns(cfg, parent))
+    children = client.search_runs([client.get_run(parent).info.experiment_id],
+                                  filter_string=f"tags.mlflow.parentRunId = '{parent}'")
+    assert sorted(float(c.data.params["lr"]) for c in children) == [1e-9, 3e-3]
+    assert all(c.info.status == "FINISHED" and "best_val_macro_f1" in c.data.metrics
+               and len(client.get_metric_history(c.info.run_id, "train_loss")) > 0 for c in children)
+    assert summary["best_params"] == {"lr": 3e-3}
+    assert summary["sampler"] == "GridSampler"
+    states = {t["params"]["lr"]: (t["state"], t["value"]) for t in summary["trials"]}
+    assert set(states) == {1e-9, 3e-3} and all(s == "COMPLETE" for s, _ in states.values())
+    assert states[3e-3][1] > states[1e-9][1]
+    assert json.loads((tmp_path / "search" / "search.json").read_text()) == summary
+    # Within the budget already spent, a second call runs no new trial (the study persists).
+    assert run_study(search, base, launch, tmp_path / "search", env, ROOT)["trials"] == summary["trials"]
+
+
+@pytest.mark.e2e
+def test_elastic_run_survives_losing_the_node_without_the_store(tmp_path: Path,
+                                                                env: dict[str, str]) -> None:
+    """Two launchers (`--nnodes 1:2`, c10d rendezvous on this host, one process each): the
+    one that does not host the rendezvous store is SIGKILLed mid-epoch; the other restarts
+    its worker, re-rendezvouses alone and finishes from the last checkpoint at world size 1,
+    with every train row of every epoch consumed exactly once."""
+    from conftest import _free_port
+
+    n_rows, batch, epochs = 40 * len(CLASSES), 8, 3
+    curated, labels = make_curated(tmp_path / "data", n_train=40)
+    cfg = write_config(tmp_path / "cfg.json", epochs=epochs, batch_size=batch,
+                       checkpoint_every_steps=3, num_threads=1)
+    out, trace = tmp_path / "out", tmp_path / "trace"
+    trace.mkdir()
+    port = _free_port()
+
+    def launcher(host: bool) -> list[str]:
+        return [str(BIN / "torchrun"), "--nnodes", "1:2", "--nproc-per-node", "1",
+                "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}",
+                "--rdzv-id", "elastic-test", "--rdzv-conf", f"is_host={int(host)}",
+                "--max-restarts", "3", "--monitor-interval", "1",
+                "-m", "training.train", "--curated", str(curated), "--labels", str(labels),
+                "--out", str(out), "--config", str(cfg)]
+
+    tenv = env | {"INTENTOPS_TRAIN_TRACE_IDS": str(trace)}
+    logs = [(tmp_path / f"launcher-{i}.log").open("w") for i in range(2)]
+    host = subprocess.Popen(launcher(True), env=tenv, cwd=ROOT, stdout=logs[0],
+                            stderr=subprocess.STDOUT, start_new_session=True)
+    other = subprocess.Popen(launcher(False), env=tenv, cwd=ROOT, stdout=logs[1],
+                             stderr=subprocess.STDOUT, start_new_session=True)
+    per_epoch = math.ceil(math.ceil(n_rows / 2) / batch)
+    try:
+        deadline = time.monotonic() + 300
+        while True:
+            assert host.poll() is None and other.poll() is None, \
+                (tmp_path / "launcher-0.log").read_text()[-3000:]
+            assert time.monotonic() < deadline, "no mid-epoch checkpoint appeared"
+            steps = [s for s, _ in ckpt.step_checkpoints(out / "checkpoints")]
+            if any(s > per_epoch and s % per_epoch for s in steps):
+                break
+            time.sleep(0.05)
+        first_pids = set(_traced(trace))
+        assert len(first_pids) == 2, "the first round did not run at world size 2"
+        os.killpg(other.pid, signal.SIGKILL)  # the node without the rendezvous store is lost
+        other.wait(timeout=30)
+        assert host.wait(timeout=600) == 0, (tmp_path / "launcher-0.log").read_text()[-4000:]
+    finally:
+        for p in (host, other):
+            if p.poll() is None:
+                os.killpg(p.pid, signal.SIGKILL)
+                p.wait()
+        for f in logs:
+            f.close()
+    m = metrics(out)
+    assert (out / "done").exists() and m["world_size"] == 1 and m["epochs_completed"] == epochs
+    resumed = m["resumed_from_steps"][-1]
+    lines = []
+    for pid, rows in _traced(trace).items():
+        lines += [r for r in rows if pid not in first_pids or r["step"] <= resumed]
+    for epoch in range(epochs):
+        ids = sorted(i for r in lines if r["epoch"] == epoch for i in r["ids"])
+        assert ids == list(range(n_rows)), f"epoch {epoch}"
+
+
+@pytest.mark.e2e
+def test_the_train_task_launch_is_preempted_by_the_controller(tmp_path: Path,
+                                                              env: dict[str, str]) -> None:
+    """The train task's launch under a lease, a real torchrun group, preempted by the
+    controller's own ``preempt`` on that lease: the launch raises StagePreempted (what the
+    DAG turns into a reschedule), and launching again finishes from the checkpoint."""
+    import threading
+
+    from core.stage import StagePreempted
+    from training.preempt import preempt, read_leases
+    from training.task import launch_preemptible
+
+    curated, labels = make_curated(tmp_path / "data", n_train=40)
+    cfg = write_config(tmp_path / "cfg.json", epochs=4, batch_size=8, num_threads=1,
+                       checkpoint_every_steps=1000)
+    lake, work = tmp_path / "lake", tmp_path / "work"
+    cmd = train_cmd(curated, labels, work, cfg)
+    outcome: list[BaseException | str] = []
+
+    def task() -> None:
+        try:
+            outcome.append(launch_preemptible(cmd, env, lake, "manual__experiment", 1, work))
+        except BaseException as exc:  # noqa: BLE001 - handed to the test thread
+            outcome.append(exc)
+
+    t = threading.Thread(target=task)
+    t.start()
+    deadline = time.monotonic() + 240
+    while _history_steps(work) < 5:
+        assert t.is_alive() and time.monotonic() < deadline, outcome
+        time.sleep(0.05)
+    (lease,) = read_leases(lake)
+    assert lease.run_id == "manual__experiment" and lease.priority == 1
+    freed = preempt(lease, grace_seconds=60)
+    t.join(timeout=120)
+    assert freed["checkpointed"] and not freed["killed"]
+    assert len(outcome) == 1 and isinstance(outcome[0], StagePreempted), outcome
+    assert "preempted at step" in str(outcome[0]) and read_leases(lake) == []
+    launch_preemptible(cmd, env, lake, "manual__experiment", 1, work)
+    assert (work / "done").exists() and metrics(work)["resumed_from_steps"]

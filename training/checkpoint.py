@@ -148,6 +148,19 @@ def latest(folder: Path) -> Path | None:
     return None
 
 
+def origin_world_size(folder: Path) -> int | None:
+    """The world size the run in ``folder`` started at (its newest checkpoint's identity), or
+    None without a readable checkpoint (``load`` then says what is wrong with it)."""
+    path = latest(folder)
+    if path is None:
+        return None
+    try:
+        data = torch.load(path, map_location="cpu", weights_only=True)
+        return int(data["config"]["world_size"])
+    except Exception:  # noqa: BLE001 - load() reports it properly
+        return None
+
+
 def remove_stale_temps(folder: Path) -> int:
     """Delete temp files left by writes that a kill interrupted; returns how many."""
     folder = Path(folder)

@@ -84,6 +84,16 @@ def mean_across(ctx: DistContext, value: float) -> float:
     return float(t.item()) / ctx.world_size
 
 
+def mean_and_any(ctx: DistContext, value: float, flag: bool) -> tuple[float, bool]:
+    """The mean of ``value`` over the ranks and whether any rank raised ``flag``: one
+    all-reduce (the per-step loss one), so a preemption costs no extra collective."""
+    if not ctx.initialized:
+        return value, flag
+    t = torch.tensor([value, 1.0 if flag else 0.0], dtype=torch.float64, device=ctx.device)
+    dist.all_reduce(t)
+    return float(t[0].item()) / ctx.world_size, bool(t[1].item() > 0)
+
+
 def die_with_launcher() -> None:
     """Make this worker die when the torchrun agent that started it dies.
 

@@ -56,10 +56,14 @@ def log_step(run: Run, history: TextIO | None, loss: float, lr: float, step_samp
     if history is None:  # not rank 0
         return
     rate = samples / max(seconds, 1e-9)
+    sent = run.comm.take()
+    st.comm_bytes += sent
     history.write(json.dumps({"step": st.global_step, "epoch": st.epoch, "loss": round(loss, 6),
-                              "lr": lr, "samples_per_s": round(rate, 2)}) + "\n")
+                              "lr": lr, "samples_per_s": round(rate, 2), "step_seconds": round(seconds, 5),
+                              "comm_bytes": sent}) + "\n")
     history.flush()
-    run.log_metrics(st.global_step, train_loss=loss, lr=lr, samples_per_s=rate)
+    run.log_metrics(st.global_step, train_loss=loss, lr=lr, samples_per_s=rate,
+                    comm_bytes=float(sent))
     # Prometheus (through the Pushgateway, when INTENTOPS_PUSHGATEWAY_URL is set): at most
     # every 10 s, so a push never costs a step anything noticeable.
     pushmetrics.training(os.environ.get("INTENTOPS_RUN_ID") or run.out.name, rate, seconds, loss)
@@ -123,6 +127,9 @@ def summary(run: Run, test: Mapping[str, Any] | None, report: dict[str, Any] | N
         "resumed_from_steps": st.resumed_from_steps,
         "world_size": run.ctx.world_size,
         "precision": cfg.precision,
+        "comm_hook": cfg.comm_hook if run.ctx.world_size > 1 else "none",
+        "comm_bytes": st.comm_bytes,
+        "comm_bytes_per_step": st.comm_bytes / st.global_step if st.global_step else None,
         "model": cfg.model,
         "num_threads": run.resolved["num_threads"],
         "config_fingerprint": run.fingerprint,

@@ -12,17 +12,22 @@ and input example) and the outputs are published as the stage's output.
 from __future__ import annotations
 
 import contextlib
+import datetime as dt
 import json
 import logging
 import os
 import shutil
+import signal
 import subprocess
 import sys
+import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
-from core import runs, stage, stages, tracking
+from core import runs, stage, stages, timewindow, tracking
 from core.config import PROJECT_ROOT, PipelineConfig
+from training import preempt
 
 log = logging.getLogger(__name__)
 TRAIN = "train"
@@ -42,18 +47,19 @@ def _lineage(cfg: PipelineConfig, run_id: str) -> dict[str, str]:
 
 
 def torchrun_command(cfg: PipelineConfig, curated: Path, labels: Path, out: Path, config: Path,
-                     mlflow_run_id: str) -> list[str]:
+                     mlflow_run_id: str | None) -> list[str]:
     t = cfg.training
     cmd = [str(Path(sys.executable).parent / "torchrun"), "--nnodes", str(t.nnodes),
            "--nproc-per-node", str(t.nproc_per_node), "--max-restarts", str(t.max_restarts)]
-    if t.nnodes > 1:
+    if t.nnodes_range[1] > 1:
         if not t.rdzv_endpoint:
             raise stage.StageError("training.nnodes > 1 needs training.rdzv_endpoint (host:port)")
         cmd += ["--rdzv-backend", "c10d", "--rdzv-endpoint", t.rdzv_endpoint]
     else:
         cmd += ["--standalone"]
     return cmd + ["-m", "training.train", "--curated", str(curated), "--labels", str(labels),
-                  "--out", str(out), "--config", str(config), "--mlflow-run-id", mlflow_run_id]
+                  "--out", str(out), "--config", str(config),
+                  *(["--mlflow-run-id", mlflow_run_id] if mlflow_run_id else [])]
 
 
 def _log_model(cfg: PipelineConfig, mlflow_run_id: str, model_dir: Path) -> str:
@@ -151,15 +157,98 @@ def _attach_contract(cfg: PipelineConfig, run_id: str, qa: stage.StageResult, mo
     return figures
 
 
+class _NestedRuns:
+    """Each search trial as an MLflow run nested under the training run."""
+
+    def __init__(self, cfg: PipelineConfig, parent: str) -> None:
+        self.client, self.parent = tracking.mlflow_client(cfg), parent
+        self.exp = self.client.get_run(parent).info.experiment_id
+
+    def child(self, name: str, params: dict[str, Any]) -> str:
+        run = self.client.create_run(self.exp, run_name=name,
+                                     tags={"mlflow.parentRunId": self.parent})
+        for k, v in params.items():
+            self.client.log_param(run.info.run_id, k, v)
+        return run.info.run_id
+
+    def finish(self, run_id: str, metrics: dict[str, float], status: str) -> None:
+        for k, v in metrics.items():
+            if v == v:  # not NaN
+                self.client.log_metric(run_id, k, v)
+        self.client.set_terminated(run_id, status)
+
+
+def _search(cfg: PipelineConfig, hp: Any, curated: Path, labels: Path, folder: Path,
+            env: dict[str, str], rid: str) -> dict[str, Any]:
+    """The Optuna study (training/search.py) with the stage's own launcher; its best
+    choices are logged on the training run."""
+    from training.search import run_study
+
+    def launch(out: Path, config: Path, run_id: str | None) -> list[str]:
+        return torchrun_command(cfg, curated, labels, out, config, run_id)
+
+    summary = run_study(cfg.training.search, hp, launch, folder, env, PROJECT_ROOT,
+                        _NestedRuns(cfg, rid))
+    client = tracking.mlflow_client(cfg)
+    client.set_tag(rid, "intentops.search.best_params", json.dumps(summary["best_params"]))
+    client.set_tag(rid, "intentops.search.best_value", str(summary["best_value"]))
+    client.set_tag(rid, "intentops.search.trials", str(len(summary["trials"])))
+    return summary
+
+
+def launch_preemptible(cmd: list[str], env: dict[str, str], lake: Path, run_id: str,
+                       priority: int, work_dir: Path) -> str:
+    """Run the trainer's launcher to the end under a lease (whom the preemption controller
+    signals, at what priority); its output. A run that exits as preempted (the trainer's
+    ``preempted`` marker) raises ``StagePreempted``, any other failure ``StageError``."""
+    log.info("launching: %s", " ".join(cmd))
+    (work_dir / "preempted").unlink(missing_ok=True)
+    with tempfile.TemporaryFile("w+") as output:
+        proc = subprocess.Popen(cmd, env=env, cwd=PROJECT_ROOT, stdout=output,
+                                stderr=subprocess.STDOUT, text=True, start_new_session=True)
+        lease = preempt.write_lease(lake, preempt.Lease(run_id, priority, proc.pid, time.time(),
+                                                        str(work_dir)))
+        try:
+            proc.wait()
+        finally:
+            if proc.poll() is None:  # the task itself is being killed: take torchrun along
+                os.killpg(proc.pid, signal.SIGTERM)
+                proc.wait()
+            lease.unlink(missing_ok=True)
+        output.seek(0)
+        text = output.read()
+    sys.stdout.write(text[-20000:])
+    if proc.returncode != 0 and (work_dir / "preempted").exists():
+        info = json.loads((work_dir / "preempted").read_text())
+        raise stage.StagePreempted(
+            f"preempted at step {info.get('step')} (checkpointed); resumes from it when "
+            "rescheduled")
+    if proc.returncode != 0:
+        tail = "\n".join(text.strip().splitlines()[-15:])
+        raise stage.StageError(f"torchrun exited with {proc.returncode}; last lines:\n{tail}")
+    return text
+
+
+def window_check(window: str, now: dt.datetime | None = None) -> None:
+    """Outside the training window: StageDeferred until its opening."""
+    now = now or dt.datetime.now().astimezone()
+    if not timewindow.inside(window, now):
+        until = timewindow.next_start(window, now)
+        raise stage.StageDeferred(f"outside the training window {window}: rescheduled to "
+                                  f"{until.isoformat(timespec='minutes')}", until)
+
+
 def run(cfg: PipelineConfig, run_id: str) -> stage.StageResult:
     qa = stage.upstream(cfg.lake, run_id, "labelqa")
     hp = cfg.training.hparams  # validated with the config, before any stage ran
     labels_file = runs.run_labels_file(cfg.lake, run_id)  # the label set clean published
     # Before the MLflow run and torchrun: refuse what registration would refuse anyway.
     preflight(cfg, runs.run_labels(cfg.lake, run_id))
+    window_check(cfg.training.window)
     t = cfg.training
     inputs = {"labelqa": {"key": qa.manifest["key"]}}
     stage_cfg = {"hparams": hp.model_dump(), "nproc_per_node": t.nproc_per_node, "nnodes": t.nnodes,
+                 **({"search": t.search.model_dump()} if t.search.enabled else {}),
                  "labels": Path(labels_file).read_text(),
                  "oos": cfg.oos.model_dump(exclude={"max_recall_drop"})}
     code = stages.code_version(TRAIN)
@@ -170,19 +259,18 @@ def run(cfg: PipelineConfig, run_id: str) -> stage.StageResult:
         work_dir.mkdir(parents=True, exist_ok=True)
         rid = tracking.find_or_create_run(cfg, t.experiment, key, f"train-{stage.safe_run_id(run_id)}",
                                           _lineage(cfg, run_id))
-        config_file = work_dir / "hparams.json"
-        config_file.write_text(json.dumps(hp.model_dump(), indent=2))
-        cmd = torchrun_command(cfg, Path(qa.path) / "curated", Path(labels_file), work_dir,
-                               config_file, rid)
         env = dict(os.environ, MLFLOW_TRACKING_URI=tracking.tracking_uri(cfg),
                    PYTHONPATH=os.pathsep.join(filter(None, [str(PROJECT_ROOT), os.environ.get("PYTHONPATH")])))
-        log.info("launching: %s", " ".join(cmd))
-        proc = subprocess.run(cmd, env=env, cwd=PROJECT_ROOT, stdout=subprocess.PIPE,
-                              stderr=subprocess.STDOUT, text=True)
-        sys.stdout.write(proc.stdout[-20000:])
-        if proc.returncode != 0:
-            tail = "\n".join(proc.stdout.strip().splitlines()[-15:])
-            raise stage.StageError(f"torchrun exited with {proc.returncode}; last lines:\n{tail}")
+        hparams, searched = hp, None
+        if t.search.enabled:
+            searched = _search(cfg, hp, Path(qa.path) / "curated", Path(labels_file),
+                               work_dir / "search", env, rid)
+            hparams = hp.model_copy(update=searched["best_params"])
+        config_file = work_dir / "hparams.json"
+        config_file.write_text(json.dumps(hparams.model_dump(), indent=2))
+        cmd = torchrun_command(cfg, Path(qa.path) / "curated", Path(labels_file), work_dir,
+                               config_file, rid)
+        launch_preemptible(cmd, env, cfg.lake, run_id, t.priority, work_dir)
         figures = _attach_contract(cfg, run_id, qa, work_dir / "model", rid)
         model_uri = _log_model(cfg, rid, work_dir / "model")
         for name in ("model", "metrics.json", "history.jsonl", "confusion_matrix.png",
@@ -206,6 +294,10 @@ def run(cfg: PipelineConfig, run_id: str) -> stage.StageResult:
             **figures,
             "mlflow_run_id": rid,
             "model_uri": model_uri,
+            # the search's outcome: what trained the model and how it was chosen (lineage)
+            **({"search": {k: searched[k] for k in ("best_params", "best_value", "metric",
+                                                    "budget", "space", "trials")}}
+               if searched else {}),
         }
 
     result = stage.run_stage(TRAIN, cfg.lake, inputs, stage_cfg, code, work, run_id)

@@ -15,7 +15,10 @@ newest checkpoint in ``OUT/checkpoints``: same epoch, the already-consumed batch
 epoch skipped (the sampler order is a function of seed and epoch alone), RNG, optimizer
 and scheduler restored. It therefore ends with the same step count and, up to float
 non-associativity, the same model as an uninterrupted run. ``OUT/done`` is written last;
-a launch that finds it exits at once, so re-running a finished task is free.
+a launch that finds it exits at once, so re-running a finished task is free. It may
+resume at another world size: the epoch's consumed sample count is checkpointed and the
+rest of the epoch dealt to the new ranks (``training/state.py``). A SIGTERM is a
+preemption: checkpoint at the next optimizer step, then exit 75 (``EXIT_PREEMPTED``).
 
 This file reads top to bottom: arguments, set-up, the loop, the finish, the entry point.
 The supporting pieces live in the sibling modules (``distributed``, ``optim``,
@@ -28,10 +31,13 @@ from __future__ import annotations
 import argparse
 import contextlib
 import datetime as dt
+import json
 import logging
 import math
 import os
+import signal
 import sys
+import threading
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -44,6 +50,7 @@ from torch import nn
 from torch.utils.data import DistributedSampler
 
 from training import checkpoint as ckpt
+from training import comm
 from training.config import TrainConfig as TrainConfig
 from training.config import load_config as load_config
 from training.data import (
@@ -63,7 +70,7 @@ from training.distributed import (
     default_threads,
     die_with_launcher,
     init_distributed,
-    mean_across,
+    mean_and_any,
     seed_everything,
 )
 from training.distributed import all_gather as all_gather
@@ -77,12 +84,26 @@ from training.optim import WarmupLinearDecay, adamw, autocast, param_groups
 from training.outputs import log_step, write_json, write_outputs
 from training.outputs import trim_history as _trim_history  # noqa: F401
 from training.outputs import write_json as _write_json  # noqa: F401
-from training.state import Run, resume, save_checkpoint
+from training.state import Run, TraceIds, resized_accum, resume, save_checkpoint
 from training.state import RunState as RunState
 
 log = logging.getLogger("intentops.training")
 
 DONE_MARKER = "done"
+# Preemption (a SIGTERM: the project's controller, a spot-instance notice, Airflow): every
+# rank finishes the optimizer step it is in, rank 0 writes a checkpoint and PREEMPTED_MARKER,
+# and the process exits with EXIT_PREEMPTED (EX_TEMPFAIL). The next launch resumes.
+PREEMPTED_MARKER = "preempted"
+EXIT_PREEMPTED = 75
+_PREEMPT = threading.Event()
+
+
+class Preempted(Exception):  # noqa: N818 - a status, not an error
+    """A SIGTERM was honoured: the state is checkpointed, the run is to be resumed."""
+
+
+# Settings that change speed, not the result: left out of a checkpoint's identity.
+SPEED_ONLY = {"num_threads", "num_workers", "prefetch_factor", "persistent_workers"}
 EXIT_USAGE = 2
 
 
@@ -110,10 +131,14 @@ def setup(args: argparse.Namespace, cfg: TrainConfig, ctx: DistContext, started:
     tok = load_tokenizer(cfg.max_length)
     collate = PadCollate(pad_token_id(tok))
     ds = {name: EncodedDataset(df, labels, tok) for name, df in splits.items()}
-    # The run's identity: what a checkpoint must agree with to be resumed. num_threads is
-    # left out (it changes speed, not the result); world size and data shape are in,
-    # because the sampler's sharding and the schedule depend on them.
-    identity = {"training": cfg.model_dump(exclude={"num_threads"}), "world_size": ctx.world_size,
+    # The run's identity: what a checkpoint must agree with to be resumed. num_threads and
+    # the DataLoader workers are left out (they change speed, not the result); the data
+    # shape and the world size the run *started* at are in: a resume at another world size
+    # keeps that start's global batch (batch_size x grad_accum_steps x world size, the
+    # accumulation rescaled) and its LR schedule.
+    origin_world = ckpt.origin_world_size(Path(args.out) / "checkpoints") or ctx.world_size
+    accum = resized_accum(cfg, origin_world, ctx.world_size)
+    identity = {"training": cfg.model_dump(exclude=SPEED_ONLY), "world_size": origin_world,
                 "labels": labels, "data": {f"{s}_rows": len(d) for s, d in ds.items()}}
     fingerprint = ckpt.config_fingerprint(identity)
     resolved = cfg.model_dump() | {"num_threads": threads, "world_size": ctx.world_size,
@@ -126,13 +151,18 @@ def setup(args: argparse.Namespace, cfg: TrainConfig, ctx: DistContext, started:
     seed_everything(cfg.seed + ctx.rank)  # different dropout masks per rank
     ddp = model
     if ctx.world_size > 1:
-        kw = {"device_ids": [ctx.local_rank]} if ctx.device.type == "cuda" else {}
+        kw: dict = {"device_ids": [ctx.local_rank]} if ctx.device.type == "cuda" else {}
+        kw |= comm.ddp_options(model, cfg.comm_hook, ctx.device.type)
         ddp = nn.parallel.DistributedDataParallel(model, **kw)
+    comm_stats = comm.register(ddp, cfg.comm_hook, cfg.powersgd_rank, cfg.powersgd_start_iter,
+                               ctx.world_size)
 
     sampler = DistributedSampler(ds["train"], num_replicas=ctx.world_size, rank=ctx.rank,
                                  shuffle=True, seed=cfg.seed, drop_last=False)
     micro_per_epoch = math.ceil(len(sampler) / cfg.batch_size)
-    steps_per_epoch = math.ceil(micro_per_epoch / cfg.grad_accum_steps)
+    # the schedule of the run's start (the same as this world's unless it was resized)
+    micro_at_origin = math.ceil(math.ceil(len(ds["train"]) / origin_world) / cfg.batch_size)
+    steps_per_epoch = math.ceil(micro_at_origin / cfg.grad_accum_steps)
     total = cfg.epochs * steps_per_epoch
     total_steps = min(total, cfg.max_steps) if cfg.max_steps else total
     warmup = round(cfg.warmup_ratio * total_steps)
@@ -143,7 +173,7 @@ def setup(args: argparse.Namespace, cfg: TrainConfig, ctx: DistContext, started:
                collate=collate, model=model, ddp=ddp, spec=spec, sampler=sampler,
                optimizer=optimizer, scheduler=scheduler, micro_per_epoch=micro_per_epoch,
                steps_per_epoch=steps_per_epoch, total_steps=total_steps, identity=identity,
-               fingerprint=fingerprint, resolved=resolved)
+               fingerprint=fingerprint, resolved=resolved, comm=comm_stats, accum=accum)
 
 
 # --------------------------------------------------------------------------- the loop
@@ -157,25 +187,32 @@ def train(run: Run) -> None:
         while not st.stopped and st.epoch < cfg.epochs:
             train_epoch(run, history)
             end_of_epoch(run)
+            if not st.stopped and mean_and_any(run.ctx, 0.0, _PREEMPT.is_set())[1]:
+                raise Preempted(st.global_step)  # end_of_epoch has just checkpointed
     finally:
         if history is not None:
             history.close()
 
 
 def train_epoch(run: Run, history: TextIO | None) -> None:
-    """The rest of the current epoch. An optimizer step is ``grad_accum_steps`` micro-batches
-    (fewer for an epoch's last group); DDP all-reduces gradients on a group's last one only."""
+    """The rest of the current epoch. An optimizer step is ``run.accum`` micro-batches
+    (``grad_accum_steps``, rescaled after a resize; fewer for an epoch's last group); DDP
+    all-reduces gradients on a group's last one only. A SIGTERM on any rank (preemption)
+    ends the epoch after the current optimizer step, on every rank, with a checkpoint."""
     cfg, ctx, st = run.cfg, run.ctx, run.state
-    accum = cfg.grad_accum_steps
+    accum = run.accum
     run.ddp.train()
     tick = time.monotonic()
     step_loss, step_samples = 0.0, 0
+    batches = run.batches(st.epoch)  # also sets run.epoch_micro (micro-batches this epoch)
     micro = st.batch_in_epoch
-    for batch in run.batches(st.epoch, st.batch_in_epoch):
+    trace = TraceIds(run)
+    for batch in batches:
         if st.global_step >= run.total_steps:
             break
         group_start = (micro // accum) * accum
-        group_size = min(accum, run.micro_per_epoch - group_start)
+        group_size = min(accum, run.epoch_micro - group_start)
+        trace.add(micro)
         last_in_group = micro + 1 == group_start + group_size
         # forward and backward
         b = batch.to(ctx.device)
@@ -203,10 +240,20 @@ def train_epoch(run: Run, history: TextIO | None) -> None:
         run.optimizer.zero_grad(set_to_none=True)
         st.global_step += 1
         st.batch_in_epoch = micro
-        log_step(run, history, mean_across(ctx, step_loss), lr, step_samples, tick)
+        st.epoch_samples = min(st.segment_start + micro * cfg.batch_size * ctx.world_size,
+                               run.epoch_len())
+        run.comm.after_sync()
+        trace.step(st.global_step, st.epoch)
+        loss_mean, preempt = mean_and_any(ctx, step_loss, _PREEMPT.is_set())
+        log_step(run, history, loss_mean, lr, step_samples, tick)
         step_loss, step_samples = 0.0, 0
+        if preempt:  # all ranks agree on it, at the same step
+            if st.batch_in_epoch >= run.epoch_micro:
+                return  # the epoch is complete: end_of_epoch checkpoints, train() leaves
+            save_checkpoint(run)
+            raise Preempted(st.global_step)
         # periodic checkpoint (at the epoch's or the budget's end, end_of_epoch writes one)
-        at_boundary = micro == run.micro_per_epoch or st.global_step >= run.total_steps
+        at_boundary = micro == run.epoch_micro or st.global_step >= run.total_steps
         if st.global_step % cfg.checkpoint_every_steps == 0 and not at_boundary:
             save_checkpoint(run)
         tick = time.monotonic()
@@ -216,7 +263,7 @@ def end_of_epoch(run: Run) -> None:
     """Validate, keep the best model, decide (one decision for all ranks) whether to stop,
     and checkpoint."""
     cfg, ctx, st = run.cfg, run.ctx, run.state
-    full_epoch = st.batch_in_epoch >= run.micro_per_epoch
+    full_epoch = st.batch_in_epoch >= run.epoch_micro
     improved = _validate(run, full_epoch)
     stop, reason = False, None
     if cfg.early_stopping_patience and st.bad_evals >= cfg.early_stopping_patience:
@@ -233,6 +280,7 @@ def end_of_epoch(run: Run) -> None:
         st.epochs_completed += 1
     st.epoch += 1
     st.batch_in_epoch = 0
+    st.epoch_samples, st.segment_start, st.epoch_world = 0, 0, ctx.world_size
     if not stop and st.epoch >= cfg.epochs:
         stop, reason = True, "all epochs done"
     st.stopped, st.stop_reason = stop, reason
@@ -250,6 +298,9 @@ def _validate(run: Run, full_epoch: bool) -> bool:
     metric = val[cfg.early_stopping_metric]
     st.val_history.append({"epoch": st.epoch, "step": st.global_step, "full_epoch": full_epoch,
                            **_public(val)})
+    if ctx.is_main:  # one line per evaluation, as it happens (a search prunes on it)
+        with open(run.out / "val_history.jsonl", "a") as fh:
+            fh.write(json.dumps(st.val_history[-1]) + "\n")
     improved = st.best_metric is None or metric > st.best_metric
     if improved:
         st.best_metric, st.best_epoch, st.bad_evals = metric, st.epoch, 0
@@ -301,12 +352,32 @@ def run_training(args: argparse.Namespace, cfg: TrainConfig, ctx: DistContext) -
             run.tracker = open_tracker(args.mlflow_run_id, params)
         train(run)
         finish(run)
+    except Preempted:
+        if ctx.is_main:
+            write_json(run.out / PREEMPTED_MARKER, {
+                "at": dt.datetime.now(dt.UTC).isoformat(), "step": run.state.global_step,
+                "signal_to_exit_seconds": round(time.monotonic() - _signalled_at[0], 3)
+                if _signalled_at else None})
+            log.warning("preempted: checkpoint at step %d written, exiting with %d to be "
+                        "resumed", run.state.global_step, EXIT_PREEMPTED)
+        if run.tracker is not None:
+            run.tracker.flush()  # the MLflow run stays open: the resumed attempt continues it
+        raise
     except BaseException:
         if run.tracker is not None:
             run.tracker.close("FAILED")
         raise
     if run.tracker is not None:
         run.tracker.close("FINISHED")
+
+
+_signalled_at: list[float] = []  # when the first SIGTERM arrived (monotonic)
+
+
+def _on_sigterm(signum: int, frame: object) -> None:
+    if not _PREEMPT.is_set():
+        _signalled_at.append(time.monotonic())
+        _PREEMPT.set()
 
 
 def _setup_logging(rank: int) -> None:
@@ -333,9 +404,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_USAGE
     if "TORCHELASTIC_RUN_ID" in os.environ:
         die_with_launcher()
+    if rank == 0:
+        (out / PREEMPTED_MARKER).unlink(missing_ok=True)  # this attempt's outcome is open again
+    signal.signal(signal.SIGTERM, _on_sigterm)
     ctx = init_distributed()
     try:
         run_training(args, cfg, ctx)
+    except Preempted:
+        return EXIT_PREEMPTED
     except (TrainingDataError, ckpt.CheckpointError, TrackingError) as exc:
         log.error("%s", exc)
         return EXIT_USAGE

@@ -1,0 +1,102 @@
+"""The preemption controller's choice (pure) and its signalling of a real process."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from training.preempt import Job, Lease, choose_victim, preempt, read_leases, write_lease
+
+
+def test_a_waiting_production_retrain_preempts_the_running_experiment() -> None:
+    exp, prod = Job("experiment", 1, since=100.0), Job("retrain", 100, since=200.0)
+    assert choose_victim([exp], [prod], slots=1) == exp
+
+
+def test_no_preemption_without_need_or_rank() -> None:
+    exp, prod = Job("experiment", 1, 100.0), Job("retrain", 100, 200.0)
+    assert choose_victim([exp], [], slots=1) is None  # nobody waits
+    assert choose_victim([exp], [prod], slots=2) is None  # a slot is free
+    assert choose_victim([prod], [exp], slots=1) is None  # the waiter ranks lower
+    assert choose_victim([Job("a", 5, 1.0)], [Job("b", 5, 2.0)], slots=1) is None  # equals
+
+
+def test_the_victim_is_the_lowest_priority_then_the_newest() -> None:
+    running = [Job("mid", 50, 1.0), Job("low-old", 1, 2.0), Job("low-new", 1, 9.0)]
+    assert choose_victim(running, [Job("prod", 100, 10.0)], slots=3).run_id == "low-new"
+    assert choose_victim(running, [Job("p", 20, 10.0)], slots=3).run_id == "low-new"
+    assert choose_victim(running[:1], [Job("p", 20, 10.0)], slots=1) is None
+
+
+def test_preempt_signals_a_real_process_and_escalates(tmp_path: Path) -> None:
+    # A process that honours SIGTERM (writes the marker, exits 75) ...
+    work = tmp_path / "work"
+    work.mkdir()
+    honours = subprocess.Popen([sys.executable, "-c", (
+        "import signal, sys, time, pathlib\n"
+        "def h(*_):\n"
+        f"    pathlib.Path({str(work)!r}, 'preempted').write_text('{{}}'); sys.exit(75)\n"
+        "signal.signal(signal.SIGTERM, h)\n"
+        "print('ready', flush=True)\n"
+        "time.sleep(60)\n")], stdout=subprocess.PIPE, text=True, start_new_session=True)
+    assert honours.stdout.readline().strip() == "ready"
+    lease = Lease("run-a", 1, honours.pid, time.time(), str(work))
+    write_lease(tmp_path, lease)
+    assert read_leases(tmp_path) == [lease]
+    r = preempt(lease, grace_seconds=30)
+    assert r["checkpointed"] and not r["killed"]
+    assert honours.wait(timeout=10) == 75
+    assert read_leases(tmp_path) == []  # its lease is dropped once the process is gone
+    # ... and one that ignores it is killed after the grace period.
+    stubborn = subprocess.Popen([sys.executable, "-c", (
+        "import signal, time\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+        "print('ready', flush=True)\ntime.sleep(60)\n")], stdout=subprocess.PIPE, text=True,
+        start_new_session=True)
+    assert stubborn.stdout.readline().strip() == "ready"
+    r = preempt(Lease("run-b", 1, stubborn.pid, time.time(), str(tmp_path / "none")), 1.0)
+    assert r["killed"] and not r["checkpointed"]
+    assert stubborn.wait(timeout=10) < 0
+
+
+def test_controller_pass_preempts_the_running_experiment_for_a_waiting_retrain(tmp_path: Path) -> None:
+    """One pass of the controller loop over a real lease (a live process that honours SIGTERM)
+    and Airflow's answers for the pool and the waiting task instance (a stand-in object for
+    the REST client: the controller's decision and signalling are what is tested here)."""
+    from core.config import load_config
+    from ops.preempt_controller import one_pass
+
+    cfg = load_config(overrides={"lake_root": str(tmp_path / "lake"), "training.priority": 1,
+                                 "training.preempt_grace_seconds": 30})
+    work = tmp_path / "work"
+    work.mkdir()
+    proc = subprocess.Popen([sys.executable, "-c", (
+        "import signal, sys, time, pathlib\n"
+        "def h(*_):\n"
+        f"    pathlib.Path({str(work)!r}, 'preempted').write_text('{{}}'); sys.exit(75)\n"
+        "signal.signal(signal.SIGTERM, h)\nprint('ready', flush=True)\ntime.sleep(60)\n")],
+        stdout=subprocess.PIPE, text=True, start_new_session=True)
+    assert proc.stdout.readline().strip() == "ready"
+    write_lease(cfg.lake, Lease("manual__experiment", 1, proc.pid, time.time(), str(work)))
+    answers = {
+        "/pools/intentops_training": {"slots": 1},
+        "/dags/~/dagRuns/~/taskInstances": {"task_instances": [
+            {"task_id": "train", "pool": "intentops_training", "dag_id": "intentops_pipeline",
+             "dag_run_id": "manual__retrain", "state": "scheduled"}]},
+        "/dags/intentops_pipeline/dagRuns/manual__retrain": {"conf": {"training_priority": 100}},
+    }
+    calls: list[str] = []
+
+    def api(method: str, path: str, **kw: object) -> dict:
+        calls.append(path)
+        return answers[path]
+
+    done = one_pass(cfg, api)
+    assert done is not None and done["run_id"] == "manual__experiment" and done["checkpointed"]
+    assert proc.wait(timeout=10) == 75
+    # The next pass finds the slot taken by nobody: nothing more to preempt.
+    assert one_pass(cfg, api) is None
+    # An equal-priority waiter never preempts.
+    answers["/dags/intentops_pipeline/dagRuns/manual__retrain"] = {"conf": {}}
+    assert one_pass(cfg, api) is None
