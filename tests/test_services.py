@@ -283,19 +283,19 @@ def test_an_alert_at_the_receiver_triggers_the_dag_through_the_rest_api(services
              "annotations": {"summary": "test", "runbook": "none"}, "startsAt": "2026-12-05T00:00:00Z",
              "fingerprint": "f00d"}
     url = info["alert_receiver"]["url"]
-    before = {r["dag_run_id"] for r in api("GET", f"/dags/{DAG}/dagRuns").json()["dag_runs"]}
+    before = {r["dag_run_id"] for r in api("GET", f"/dags/{DAG}/dagRuns")["dag_runs"]}
     r = httpx.post(f"{url}/alerts", json={"version": "4", "status": "firing", "alerts": [alert]}, timeout=60)
     assert r.status_code == 200, r.text
     entry = [a for a in httpx.get(f"{url}/alerts").json()["alerts"]
              if a["labels"]["alertname"] == "IntentopsRetrainRequested"][-1]
     assert "triggered_run" in entry, entry
-    run = api("GET", f"/dags/{DAG}/dagRuns/{entry['triggered_run']}").json()
+    run = api("GET", f"/dags/{DAG}/dagRuns/{entry['triggered_run']}")
     assert run["dag_run_id"] not in before
     assert run["conf"]["trigger_alert"] == {"alertname": "IntentopsRetrainRequested",
                                             "startsAt": "2026-12-05T00:00:00Z"}
     r = httpx.post(f"{url}/alerts", json={"version": "4", "status": "firing", "alerts": [alert]}, timeout=60)
     assert r.status_code == 200
-    runs = {r["dag_run_id"] for r in api("GET", f"/dags/{DAG}/dagRuns").json()["dag_runs"]}
+    runs = {r["dag_run_id"] for r in api("GET", f"/dags/{DAG}/dagRuns")["dag_runs"]}
     assert runs - before == {entry["triggered_run"]}
     records = [json.loads(x) for x in Path(env["INTENTOPS_AUDIT_LOG"]).read_text().splitlines()]
     assert any(x["action"] == "alert" and x["target"].startswith("IntentopsRetrainRequested") for x in records)
@@ -361,6 +361,9 @@ def test_drift_in_served_traffic_starts_one_retraining_run_and_repeats_coalesce(
     api("PATCH", "/dags/intentops_monitoring", json={"is_paused": False})
     check = api.trigger({}, dag_id="intentops_monitoring")
     done = api.wait_runs([check], dag_id="intentops_monitoring", timeout=900)[check]
+    # Paused again at once: its hourly schedule would otherwise check the same log when the
+    # clock passes the hour and emit a second drift event during this test.
+    api("PATCH", "/dags/intentops_monitoring", json={"is_paused": True})
     states = api.task_states(check, dag_id="intentops_monitoring")
     assert done["state"] == "success" and states["emit_drift"] == "success", states
 
