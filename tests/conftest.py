@@ -122,7 +122,7 @@ def label_studio(tmp_path_factory):
     """A real Label Studio server for the session, started as `make up` starts it (its own
     virtual environment, SQLite, 127.0.0.1, generated admin and token), on a free port so
     a developer's `make up` on 8300 and other test sessions never collide. Yields
-    ``(url, credentials)``. Skipped only when ``.venv-label-studio`` is missing:
+    ``(url, credentials)``. Fails (not skips) when ``.venv-label-studio`` is missing:
     `make test-deps` (part of `make test`, so CI) creates it."""
     import signal
     import subprocess
@@ -132,8 +132,8 @@ def label_studio(tmp_path_factory):
     from core.labeling_auth import LabelStudioCredentials
     from ops import labelstudio_service as ls
 
-    if not ls.executable().exists():
-        pytest.skip(f"{ls.executable()} is missing: run `make label-studio` (make test-deps does)")
+    # Not a skip: the review loop is part of the product, and `make test` creates this.
+    assert ls.executable().exists(), f"{ls.executable()} is missing: run `make label-studio` (make test-deps does)"
     base = tmp_path_factory.mktemp("label-studio")
     creds = LabelStudioCredentials.load_or_create(base / "credentials.json")
     port = _free_port()
