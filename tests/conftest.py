@@ -65,6 +65,26 @@ def project_env(audit_log, registry_credentials) -> dict[str, str]:
     return env
 
 
+def _wait_healthy(name: str, url: str, proc, timeout: float, log: Path, kill) -> None:
+    """Until ``url`` answers 200; a process that exits or a timeout is killed (``kill``)
+    and raised with the tail of its log."""
+    import time
+    import urllib.request
+
+    deadline = time.time() + timeout
+    while True:
+        try:
+            with urllib.request.urlopen(url, timeout=2) as r:
+                if r.status == 200:
+                    return
+        except OSError:
+            pass
+        if proc.poll() is not None or time.time() > deadline:
+            kill()
+            raise RuntimeError(f"{name} did not start: " + log.read_text()[-3000:])
+        time.sleep(0.5)
+
+
 def _free_port() -> int:
     import socket
 
@@ -79,8 +99,6 @@ def mlflow_server(tmp_path_factory, project_env, registry_credentials):
     MLflow's basic-auth app, as ``make up`` runs it, for the session; yields its URI. The
     suite talks to it as the pipeline user (``registry_credentials``)."""
     import subprocess
-    import time
-    import urllib.request
 
     from core import registry_auth
 
@@ -96,18 +114,7 @@ def mlflow_server(tmp_path_factory, project_env, registry_credentials):
         stdout=log, stderr=subprocess.STDOUT,
     )
     uri = f"http://127.0.0.1:{port}"
-    deadline = time.time() + 120
-    while True:
-        try:
-            with urllib.request.urlopen(f"{uri}/health", timeout=2) as r:
-                if r.status == 200:
-                    break
-        except OSError:
-            pass
-        if proc.poll() is not None or time.time() > deadline:
-            proc.kill()
-            raise RuntimeError("mlflow server did not start: " + (base / "server.log").read_text()[-3000:])
-        time.sleep(0.5)
+    _wait_healthy("mlflow server", f"{uri}/health", proc, 120, base / "server.log", proc.kill)
     registry_auth.provision(uri, registry_credentials)
     yield uri
     proc.terminate()
@@ -126,8 +133,6 @@ def label_studio(tmp_path_factory):
     `make test-deps` (part of `make test`, so CI) creates it."""
     import signal
     import subprocess
-    import time
-    import urllib.request
 
     from core.labeling_auth import LabelStudioCredentials
     from ops import labelstudio_service as ls
@@ -141,18 +146,9 @@ def label_studio(tmp_path_factory):
     proc = subprocess.Popen(ls.command("127.0.0.1", port, base / "data"), env=ls.environment(creds, base / "data"),
                             stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     url = f"http://127.0.0.1:{port}"
-    deadline = time.time() + 300  # the first start migrates a new database
-    while True:
-        try:
-            with urllib.request.urlopen(f"{url}/health", timeout=2) as r:
-                if r.status == 200:
-                    break
-        except OSError:
-            pass
-        if proc.poll() is not None or time.time() > deadline:
-            os.killpg(proc.pid, signal.SIGKILL)
-            raise RuntimeError("label studio did not start: " + (base / "server.log").read_text()[-3000:])
-        time.sleep(1)
+    # 300 s: the first start migrates a new database.
+    _wait_healthy("label studio", f"{url}/health", proc, 300, base / "server.log",
+                  lambda: os.killpg(proc.pid, signal.SIGKILL))
     yield url, creds
     os.killpg(proc.pid, signal.SIGTERM)
     try:
