@@ -93,6 +93,18 @@ class StageSubmitOperator(SparkSubmitOperator):
             except Exception:  # no such connection: the worker's environment may have the key
                 key = None
             key = key or os.environ.get(cfg.desensitize.key_env)
+            if cfg.desensitize.mode == "pseudonym":
+                # A missing key is not fixed by retrying: fail at once, saying how to set it,
+                # before spark-submit starts a JVM.
+                from airflow.sdk.exceptions import AirflowFailException
+
+                from core.errors import StageError
+                from jobs.spark.desensitize import pseudonym_key
+
+                try:
+                    pseudonym_key(cfg.desensitize, key or "")
+                except StageError as exc:
+                    raise AirflowFailException(str(exc)) from None
             if key:
                 self.env_vars = {**(self.env_vars or {}), cfg.desensitize.key_env: key}
         return super().execute(context)

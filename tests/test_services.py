@@ -91,6 +91,10 @@ def services(tmp_path_factory, project_env):
         INTENTOPS__DEPLOY__MIN_REQUESTS="15",
         INTENTOPS__DEPLOY__MIN_PROBES="15",
         INTENTOPS__DEPLOY__POLL_SECONDS="0.5",
+        # No reviewer works in these tests: the review_pull sensor polls Label Studio once and
+        # skips instead of holding every run open for the default 5 minutes (the wait itself:
+        # tests/test_review.py and tests/test_dag_integrity.py).
+        INTENTOPS__LABELING__PULL_WAIT_MINUTES="0",
     )
     raw = base / "raw"
     subprocess.run([sys.executable, "-m", "demo.builder", "--out", str(raw), "--rows", str(ROWS),
@@ -213,6 +217,7 @@ def test_rest_triggered_run_registers_promotes_and_serves(services, api, registr
     assert all(found.get(k) for k in queries), found
 
 
+@pytest.mark.timeout(1800)  # two daily runs one after another (max_active_runs=1), then two cache hits
 def test_backfill_reads_its_days_and_a_second_backfill_is_all_cache_hits(services, api, registry):
     env, base, raw, info = services
     # The day's models must not displace the champion of the test above: an impossible

@@ -46,13 +46,14 @@ STAGE = "desensitize"
 PARTS = ("kept", "merged")
 
 
-def pseudonym_key(cfg: DesensitizeConfig) -> bytes | None:
-    """The HMAC key for pseudonym mode, from the environment only; None in placeholder mode.
+def pseudonym_key(cfg: DesensitizeConfig, key: str | None = None) -> bytes | None:
+    """The HMAC key for pseudonym mode (``key``, else the environment); None in placeholder
+    mode.
 
     Fails before any work is done when the key is missing, saying how to set it."""
     if cfg.mode != "pseudonym":
         return None
-    key = os.environ.get(cfg.key_env, "")
+    key = key if key is not None else os.environ.get(cfg.key_env, "")
     if len(key) < 16:
         raise stage.StageError(
             f"desensitize.mode=pseudonym needs a secret key of at least 16 characters in the "
