@@ -181,6 +181,13 @@ class LabelQAConfig(_Section):
                                      "share of items whose duplicates carry a different label "
                                      "(dedup label conflicts)")
 
+    # Feedback labels of served predictions (quality/feedback.py): "train" adds the dataset's
+    # labelled, masked predictions to the curated train split (never to validation or test;
+    # duplicates of any curated message left out); "off" ignores them.
+    feedback: Literal["train", "off"] = Field(
+        "train", description="Label QA: add served predictions that got a true label through "
+        "the feedback endpoint to the train split (train) or not (off)")
+
     @field_validator("split")
     @classmethod
     def _shares(cls, v: tuple[float, float, float]) -> tuple[float, float, float]:

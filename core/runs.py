@@ -95,11 +95,12 @@ def resolve_run_config(run_id: str, conf: dict[str, Any] | None = None,
                 else f"[{start}, {end}): the input is not date-partitioned; reads all of it")
     if trigger is not None:
         atomic_write_text(run_dir(cfg.lake, run_id) / TRIGGER_FILE, json.dumps(trigger, indent=2, default=str))
-        new = unread_input(cfg)
+        new = unread_input(cfg) + unread_labels(cfg)
         if not new:
             write_no_new_data(cfg, run_id, trigger)
-            raise NoNewData(f"{cfg.input.path}: every part of the export was read by an earlier run; "
-                            f"nothing new to train on ({started_by(trigger)})")
+            raise NoNewData(f"{cfg.input.path}: every part of the export was read by an earlier run and "
+                            f"no new feedback or reviewed labels arrived; nothing new to train on "
+                            f"({started_by(trigger)})")
         note = f"started by {started_by(trigger)}; reads the latest export {cfg.input.path}: new {', '.join(new)}"
     return save_run_config(cfg, run_id), note
 
@@ -141,13 +142,40 @@ def unread_input(cfg: PipelineConfig) -> list[str]:
             if (name, file_fingerprint(src / name)["sha256"]) not in seen]
 
 
+def unread_labels(cfg: PipelineConfig) -> list[str]:
+    """The label sources (feedback of served predictions, Label Studio reviews) whose
+    current version no published label-QA output has read: an asset-triggered run with
+    new labels but the same export re-runs label QA on them (the data stages are cache
+    hits) and trains."""
+    from core.stage import MANIFEST
+    from quality import feedback, review
+
+    seen: dict[str, set[str]] = {"feedback_labels": set(), "reviewer_annotations": set()}
+    for manifest in (cfg.lake / "labelqa").glob(f"*/{MANIFEST}"):
+        inputs = json.loads(manifest.read_text()).get("inputs") or {}
+        for name, versions in seen.items():
+            if (inputs.get(name) or {}).get("version"):
+                versions.add(inputs[name]["version"])
+    new = []
+    if cfg.labelqa.feedback == "train":
+        rows = feedback.load(cfg.lake)
+        version = feedback.fingerprint(rows)
+        if version and version not in seen["feedback_labels"]:
+            new.append(f"feedback labels ({len(rows)} in the prediction log)")
+    version = review.ReviewStore(cfg.lake).fingerprint()
+    if version and version not in seen["reviewer_annotations"]:
+        new.append("reviewed labels from Label Studio")
+    return new
+
+
 def write_no_new_data(cfg: PipelineConfig, run_id: str, trigger: list[dict[str, Any]]) -> str:
     """The summary of a run that found no new data: no stage ran, no model; the summary's
     first line says so, and ``LATEST`` points at it (``intentops summary`` shows it)."""
     folder = run_dir(cfg.lake, run_id)
     text = "\n".join([f"intentops run {run_id}", f"{NO_NEW_DATA}: no stage ran and no model was trained",
                       f"started by {started_by(trigger)}",
-                      f"reads the latest export {cfg.input.path}: every part of it was read by an earlier run"])
+                      f"reads the latest export {cfg.input.path}: every part of it was read by an earlier run, "
+                      "and no new feedback or reviewed labels arrived"])
     atomic_write_text(folder / "summary.json", json.dumps(
         {"run_id": run_id, "status": "no_new_data", "stages": [], "trigger": trigger}, indent=2, default=str))
     atomic_write_text(folder / "summary.txt", text + "\n")

@@ -19,7 +19,7 @@ import pandas as pd
 
 from core import runs, stage, stages, tracking
 from core.config import PipelineConfig
-from quality import qareport, review
+from quality import feedback, qareport, review
 from quality.labelqa import (
     QAGateFailed,
     analyze,
@@ -46,6 +46,10 @@ def run(cfg: PipelineConfig, run_id: str) -> stage.StageResult:
     store = review.ReviewStore(cfg.lake)
     if store.fingerprint():
         inputs["reviewer_annotations"] = {"version": store.fingerprint()}
+    # Feedback labels of served predictions (the ``feedback`` source): new ones change the key.
+    fb_rows = feedback.load(cfg.lake) if qa.feedback == "train" else pd.DataFrame(columns=feedback.COLUMNS)
+    if feedback.fingerprint(fb_rows):
+        inputs["feedback_labels"] = {"version": feedback.fingerprint(fb_rows)}
     stage_cfg = {"labelqa": qa.model_dump(), "labels": classes}
     code = stages.code_version(STAGE)
     key = stage.stage_key(STAGE, inputs, stage_cfg, code)
@@ -58,9 +62,9 @@ def run(cfg: PipelineConfig, run_id: str) -> stage.StageResult:
         a = analyze(items, classes, qa)
         resolved, review_info = review.resolve(store.annotations(), classes)
         a.items = review.apply(a.items, resolved)
-        cur = curated(a, qa)
+        cur, fb_info = feedback.merge(curated(a, qa), fb_rows, classes)
         queue = relabel_queue(a)
-        m = metrics(a, cur, queue) | {"consensus_method": qa.consensus}
+        m = metrics(a, cur, queue) | {"consensus_method": qa.consensus, "feedback": fb_info}
         m["review"] = review_info | {
             "items_reviewed": int(len(resolved)),
             "applied": int((a.items.label_source == "reviewer").sum()),
@@ -85,7 +89,7 @@ def run(cfg: PipelineConfig, run_id: str) -> stage.StageResult:
             "agreement_items": ag.get("agreement_items"), "conflict_rate": m["conflict_rate"],
             "consensus_changed_exported_label": m["consensus_changed_exported_label"],
             "model_agrees_with_consensus": m["model_agrees_with_consensus"],
-            "gate_passed": float(gate["passed"]),
+            "gate_passed": float(gate["passed"]), "feedback_rows_added": fb_info["added"],
         }
         for split, n in m["curated_by_split"].items():
             flat[f"curated_{split}_rows"] = n
@@ -110,7 +114,7 @@ def run(cfg: PipelineConfig, run_id: str) -> stage.StageResult:
             "conflict_rate": m["conflict_rate"],
             "gate_passed": gate["passed"], "mlflow_run_id": run["run_id"],
             "mlflow_experiment_id": run["experiment_id"], "curated_by_split": m["curated_by_split"],
-            "report": "qa_report.html", "queue": "relabel_queue.csv",
+            "report": "qa_report.html", "queue": "relabel_queue.csv", "feedback_rows_added": fb_info["added"],
         }
 
     return stage.run_stage(STAGE, cfg.lake, inputs, stage_cfg, code, work, run_id)
