@@ -90,6 +90,19 @@ def _table(rows: list[dict[str, Any]], cols: list[str]) -> str:
     return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
 
 
+def _feedback_section(f: dict[str, Any]) -> str:
+    """Feedback labels of served predictions added to the train split (quality/feedback.py)."""
+    if not f.get("feedback_rows"):
+        return ("<h2>Feedback labels</h2><p>No feedback labels in the prediction log (the serving "
+                "tier's <code>POST /v1/feedback</code>).</p>")
+    by_class = ", ".join(f"{html.escape(k)} {v}" for k, v in (f.get("added_by_class") or {}).items()) or "none"
+    return (f"<h2>Feedback labels</h2><p>{f['added']} of {f['feedback_rows']} labelled predictions added to "
+            f"the train split (by class: {by_class}); left out: {f.get('overlaps_evaluation', 0)} equal to a "
+            f"validation or test message, {f.get('duplicate_of_training', 0)} duplicates of training messages, "
+            f"{f.get('outside_label_set', 0)} outside the label set, {f.get('no_text', 0)} logged without text, "
+            f"{f.get('superseded', 0)} superseded by later feedback on the same text.</p>")
+
+
 def _review_section(r: dict[str, Any]) -> str:
     """Review rounds (Label Studio): what reviewers did to the labels, round by round."""
     rows = [x | {"changed_by_class": ", ".join(f"{k}: {v}" for k, v in x["changed_by_class"].items())}
@@ -172,6 +185,7 @@ Classes by conflict rate (an item counts toward every label its cluster carries)
 <h2>Annotators</h2>{_table(a.get("per_annotator") or [], ["annotator", "annotations", "accuracy", "pseudo"])}
 <h3>Least agreeing annotator pairs (Cohen's kappa)</h3>{_table(pairs, ["a", "b", "items", "kappa", "observed"])}
 {_review_section(metrics.get("review") or {})}
+{_feedback_section(metrics.get("feedback") or {})}
 <h2>Relabel queue (top 25 of {len(queue)})</h2>
 {_table(top, ["rank", "record_id", "text", "given_label", "annotations", "suggested_label", "score", "reason"])}
 <p>The whole queue: <a href="relabel_queue.csv">relabel_queue.csv</a>,

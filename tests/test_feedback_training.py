@@ -115,3 +115,14 @@ def test_label_qa_trains_on_feedback_and_a_triggered_run_sees_new_labels(tmp_pat
     _log(cfg.lake, [("q9", "one more served message about my account balance", None, label, 300.0)])
     _, note = runs.resolve_run_config("asset_triggered__b", {}, trigger=trigger)
     assert "new feedback labels (6 in the prediction log)" in note
+
+
+def test_the_qa_report_says_what_feedback_did():
+    from quality.qareport import _feedback_section
+
+    assert "No feedback labels" in _feedback_section({})
+    page = _feedback_section({"feedback_rows": 7, "added": 2, "overlaps_evaluation": 1, "duplicate_of_training": 1,
+                              "outside_label_set": 1, "no_text": 1, "superseded": 1,
+                              "added_by_class": {"card_linking": 2}})
+    assert "2 of 7 labelled predictions added to the train split (by class: card_linking 2)" in page
+    assert "1 equal to a validation or test message" in page
