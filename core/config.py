@@ -75,6 +75,13 @@ class CleanConfig(_Section):
     # Banking77's longest message is 433 characters; 1000 leaves room for real messages
     # while catching pasted e-mail threads and log dumps.
     max_chars: int = Field(1000, ge=10, description="Longer messages are quarantined")
+    # A message without a label is not a defect: "review" sends it to clean's ``unlabeled/``
+    # output, masked by desensitize like every message, pre-labeled by label QA and queued
+    # for review by uncertainty (quality/unlabeled.py); "quarantine" quarantines it (reason
+    # ``missing_label``), as before 2026-12-06.
+    unlabeled: Literal["review", "quarantine"] = Field(
+        "review", description="Messages without a label: pre-label and queue them for review "
+        "(review) or quarantine them (quarantine)")
 
 
 class DedupConfig(_Section):

@@ -117,7 +117,7 @@ STAGES: tuple[Stage, ...] = (
           check="quality.validate_stage:check", retries=1),
     Stage("labelqa", ("desensitize", "validate"), ("labelqa", "clean", "tracking"),
           "quality.labelqa_stage:run",
-          ("curated/", "relabel_queue.csv", "relabel_queue.json", "label_studio_config.xml",
+          ("curated/", "relabel_queue.csv", "relabel_queue.json", "label_studio_config.xml", "unlabeled.parquet",
            "qa_report.html", "metrics.json", "mlflow_run.json"),
           "annotator agreement, Dawid-Skene consensus, confident learning; the curated "
           "train/val/test split and the relabel queue",

@@ -259,7 +259,12 @@ def intentops_pipeline():
                         "timestamp": str(ev.timestamp)}
                        for events in (triggering_asset_events or {}).values() for ev in events]
         try:
-            path, note = resolve_run_config(run_id, dict(params), interval=interval, trigger=trigger)
+            if trigger is None:
+                path, note = resolve_run_config(run_id, dict(params), interval=interval)
+            else:
+                from ops.triggers import resolve_triggered_run
+
+                path, note = resolve_triggered_run(run_id, dict(params), trigger)
         except SettingsError as exc:
             raise AirflowFailException(str(exc)) from None
         except (NoDataInInterval, NoNewData) as exc:

@@ -46,18 +46,20 @@ def log_path(lake: Path) -> Path:
 def load(lake: Path) -> pd.DataFrame:
     """Every feedback row of the dataset's prediction log with its prediction's masked text
     (empty when there is no log or no feedback), ordered by prediction id."""
-    from deploy import predlog
+    import sqlite3
 
     path = log_path(lake)
     if not path.exists():
         return pd.DataFrame(columns=COLUMNS)
-    con = predlog.open_log(path)
+    # Read-only, with the busy timeout the servers' writers use (WAL mode: readers do not
+    # block them). The schema is deploy.predlog's; quality does not import deploy.
+    con = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=30)
     try:
         rows = con.execute("SELECT f.prediction_id, f.ts, f.label, p.text FROM feedback f "
                            "JOIN predictions p ON p.id = f.prediction_id ORDER BY f.prediction_id").fetchall()
     finally:
         con.close()
-    return pd.DataFrame([dict(r) for r in rows], columns=COLUMNS)
+    return pd.DataFrame(rows, columns=COLUMNS)
 
 
 def fingerprint(rows: pd.DataFrame) -> str | None:

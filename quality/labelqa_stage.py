@@ -19,7 +19,7 @@ import pandas as pd
 
 from core import runs, stage, stages, tracking
 from core.config import PipelineConfig
-from quality import feedback, qareport, review
+from quality import feedback, qareport, review, unlabeled
 from quality.labelqa import (
     QAGateFailed,
     analyze,
@@ -62,9 +62,15 @@ def run(cfg: PipelineConfig, run_id: str) -> stage.StageResult:
         a = analyze(items, classes, qa)
         resolved, review_info = review.resolve(store.annotations(), classes)
         a.items = review.apply(a.items, resolved)
-        cur, fb_info = feedback.merge(curated(a, qa), fb_rows, classes)
+        # Messages without a label (clean.unlabeled: review): pre-labeled, queued by
+        # uncertainty after the suspects; the reviewed ones join the train split.
+        unl, unl_info = unlabeled.prepare(unlabeled.load(Path(src.path)), a.items, qa, resolved)
+        cur, fb_info = feedback.merge(unlabeled.reviewed_rows(unl, curated(a, qa)), fb_rows, classes)
         queue = relabel_queue(a)
-        m = metrics(a, cur, queue) | {"consensus_method": qa.consensus, "feedback": fb_info}
+        m = metrics(a, cur, queue) | {"consensus_method": qa.consensus, "feedback": fb_info,
+                                      "unlabeled": unl_info}
+        queue = pd.concat([queue, unlabeled.queue_rows(unl, len(queue) + 1)], ignore_index=True)
+        unl.to_parquet(out / "unlabeled.parquet", index=False)
         m["review"] = review_info | {
             "items_reviewed": int(len(resolved)),
             "applied": int((a.items.label_source == "reviewer").sum()),
@@ -90,6 +96,7 @@ def run(cfg: PipelineConfig, run_id: str) -> stage.StageResult:
             "consensus_changed_exported_label": m["consensus_changed_exported_label"],
             "model_agrees_with_consensus": m["model_agrees_with_consensus"],
             "gate_passed": float(gate["passed"]), "feedback_rows_added": fb_info["added"],
+            "unlabeled_rows": unl_info["rows"], "unlabeled_queued": unl_info["queued"],
         }
         for split, n in m["curated_by_split"].items():
             flat[f"curated_{split}_rows"] = n
@@ -115,6 +122,8 @@ def run(cfg: PipelineConfig, run_id: str) -> stage.StageResult:
             "gate_passed": gate["passed"], "mlflow_run_id": run["run_id"],
             "mlflow_experiment_id": run["experiment_id"], "curated_by_split": m["curated_by_split"],
             "report": "qa_report.html", "queue": "relabel_queue.csv", "feedback_rows_added": fb_info["added"],
+            "unlabeled": unl_info["rows"], "unlabeled_queued": unl_info["queued"],
+            "unlabeled_reviewed": unl_info["reviewed"],
         }
 
     return stage.run_stage(STAGE, cfg.lake, inputs, stage_cfg, code, work, run_id)

@@ -68,9 +68,13 @@ def cleaned(spark, tmp_path):
 
 @pytest.mark.parametrize(("rid", "text", "label", "ann", "ts", "reason"), CASES)
 def test_each_row_lands_where_expected(cleaned, rid, text, label, ann, ts, reason):
-    _, kept, quarantine = cleaned
+    res, kept, quarantine = cleaned
     if reason is None:
         assert rid in set(kept.record_id)
+    elif reason == "missing_label":  # clean.unlabeled: review (the default): not a defect
+        unlabeled = pd.read_parquet(f"{res.path}/unlabeled")
+        assert list(unlabeled.record_id) == [rid] and unlabeled.label.isna().all()
+        assert rid not in set(quarantine.record_id) | set(kept.record_id)
     else:
         hits = quarantine[(quarantine.record_id == rid) & (quarantine.reason == reason)]
         assert len(hits) == 1, quarantine[["record_id", "reason"]]
@@ -89,9 +93,20 @@ def test_every_row_accounted_for(cleaned):
     stats = res.manifest["stats"]
     assert stats["rows_in"] == len(CASES) + 1
     assert stats["kept"] == len(kept) and stats["quarantined"] == len(quarantine)
-    assert stats["kept"] + stats["quarantined"] == stats["rows_in"]
-    expected = pd.Series([c[5] for c in CASES if c[5]] + ["malformed_record"]).value_counts()
+    assert stats["kept"] + stats["quarantined"] + stats["unlabeled"] == stats["rows_in"]
+    assert stats["unlabeled"] == 1
+    expected = pd.Series([c[5] for c in CASES if c[5] and c[5] != "missing_label"]
+                         + ["malformed_record"]).value_counts()
     assert stats["quarantine_by_reason"] == expected.to_dict()
+
+
+def test_unlabeled_rows_are_quarantined_when_configured(spark, tmp_path):
+    src = tmp_path / "raw.csv"
+    _write_csv(src, [CASES[0], CASES[2]] + [c for c in CASES if c[0] == "nolabel"])
+    res = clean.run(_cfg(tmp_path, src, **{"clean.unlabeled": "quarantine"}), run_id="q", spark=spark)
+    stats = res.manifest["stats"]
+    assert stats["quarantine_by_reason"] == {"missing_label": 1} and stats["unlabeled"] == 0
+    assert not (Path(res.path) / "unlabeled").exists()
 
 
 def test_kept_rows_are_normalized(cleaned):

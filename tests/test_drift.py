@@ -213,6 +213,7 @@ TRIGGER = [{"asset": "intentops_drift_detected", "extra": {"reasons": ["embeddin
 def test_an_asset_triggered_run_reads_the_latest_export_or_ends_with_no_new_data(tmp_path, monkeypatch):
     from core import runs
     from core.stage import file_fingerprint, run_dir
+    from ops import triggers
 
     export = tmp_path / "export.csv"
     export.write_text("ticket_id,message,intent\n1,where is my card,card_arrival\n")
@@ -220,13 +221,13 @@ def test_an_asset_triggered_run_reads_the_latest_export_or_ends_with_no_new_data
     monkeypatch.setenv("INTENTOPS__INPUT__PATH", str(export))
     lake = tmp_path / "lake" / "banking77"
 
-    path, note = runs.resolve_run_config("asset_triggered__1", {}, trigger=TRIGGER)  # never read
+    path, note = triggers.resolve_triggered_run("asset_triggered__1", {}, TRIGGER)  # never read
     assert "started by intentops_drift_detected (embedding_novelty excess 0.21) from check scheduled__x" in note
     assert json.loads((run_dir(lake, "asset_triggered__1") / runs.TRIGGER_FILE).read_text()) == TRIGGER
 
     _published_clean(lake, file_fingerprint(export) | {"format": "csv"})  # a run read this export
     with pytest.raises(runs.NoNewData, match="nothing new to train on"):
-        runs.resolve_run_config("asset_triggered__2", {}, trigger=TRIGGER)
+        triggers.resolve_triggered_run("asset_triggered__2", {}, TRIGGER)
     summary = json.loads((run_dir(lake, "asset_triggered__2") / "summary.json").read_text())
     assert summary["status"] == "no_new_data" and summary["stages"] == []
     assert runs.latest_summary(lake).splitlines()[1] == "NO NEW DATA: no stage ran and no model was trained"
@@ -238,13 +239,13 @@ def test_an_asset_triggered_run_reads_the_latest_export_or_ends_with_no_new_data
     assert report.publish_no_new_data(load_config(), "asset_triggered__1") is None  # it did read new data
 
     export.write_text(export.read_text() + "2,my card is lost,lost_or_stolen_card\n")  # new rows arrive
-    _, note = runs.resolve_run_config("asset_triggered__3", {}, trigger=TRIGGER)
+    _, note = triggers.resolve_triggered_run("asset_triggered__3", {}, TRIGGER)
     assert "new export.csv" in note
 
 
 def test_a_partitioned_export_is_new_when_a_day_was_never_read(tmp_path, monkeypatch):
-    from core import runs
     from core.stage import file_fingerprint
+    from ops import triggers
 
     daily = tmp_path / "daily"
     for day in ("2026-11-02", "2026-11-03"):
@@ -253,10 +254,10 @@ def test_a_partitioned_export_is_new_when_a_day_was_never_read(tmp_path, monkeyp
     cfg = load_config(overrides={"lake_root": str(tmp_path / "lake"), "input.path": str(daily)})
     _published_clean(cfg.lake, {"format": "csv", "partitions": {
         "date=2026-11-02": file_fingerprint(daily / "date=2026-11-02")}})
-    assert runs.unread_input(cfg) == ["date=2026-11-03"]
+    assert triggers.unread_input(cfg) == ["date=2026-11-03"]
     _published_clean(cfg.lake, {"format": "csv", "partitions": {
         "date=2026-11-03": file_fingerprint(daily / "date=2026-11-03")}})
-    assert runs.unread_input(cfg) == []
+    assert triggers.unread_input(cfg) == []
 
 
 # -- the monitoring DAG under `airflow dags test` ------------------------------------------

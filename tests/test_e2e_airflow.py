@@ -130,12 +130,18 @@ def test_dag_run_accounts_for_every_row(first_run, airflow_env):
     gt_rows = len(pd.read_parquet(raw / "ground_truth" / "rows.parquet"))
     c, d = stages["clean"], stages["dedup"]
     assert c["rows_in"] == gt_rows
-    assert c["kept"] + c["quarantined"] == c["rows_in"]
-    assert d["rows_in"] == c["kept"]
+    # Messages without a label are not quarantined (clean.unlabeled: review): they go on,
+    # masked, to label QA, which pre-labels and queues them.
+    gt = pd.read_parquet(raw / "ground_truth" / "rows.parquet")
+    assert c["unlabeled"] == (gt.defect == "missing_label").sum() > 0
+    assert "missing_label" not in c["quarantine_by_reason"]
+    assert c["kept"] + c["quarantined"] + c["unlabeled"] == c["rows_in"]
+    assert d["rows_in"] == c["kept"] and d["unlabeled"] == c["unlabeled"]
     assert d["kept"] + d["merged"] == d["rows_in"]
     assert c["quarantined"] > 0 and d["merged_exact"] > 0 and d["merged_near"] > 0
     s, v = stages["desensitize"], stages["validate"]
-    assert s["rows_in"] == d["rows_in"] and s["kept"] == d["kept"]
+    assert s["rows_in"] == d["rows_in"] + c["unlabeled"] and s["kept"] == d["kept"]
+    assert s["unlabeled"] == c["unlabeled"]
     assert s["rows_with_pii"] > 0 and s["pii_entities"].get("EMAIL", 0) > 0
     assert v["gate_success"] is True and v["failed_expectations"] == 0
     assert (Path(v["output"]) / "data_docs" / "index.html").exists()
@@ -143,6 +149,7 @@ def test_dag_run_accounts_for_every_row(first_run, airflow_env):
     assert q["rows_in"] == s["kept"]
     assert q["gate_success"] is True and 0 < q["suspects"] < q["rows_in"]
     assert q["kept"] == q["rows_in"] - q["suspects"]  # suspects excluded (the default)
+    assert q["unlabeled"] == c["unlabeled"] and 0 < q["unlabeled_queued"] <= q["unlabeled"]
     out = Path(q["output"])
     for f in ("qa_report.html", "relabel_queue.csv", "relabel_queue.json", "curated"):
         assert (out / f).exists(), f

@@ -75,6 +75,7 @@ def test_feedback_joins_the_train_split_only_and_says_what_it_left_out(tmp_path)
 
 def test_label_qa_trains_on_feedback_and_a_triggered_run_sees_new_labels(tmp_path, monkeypatch, mlflow_server):
     from core import runs
+    from ops import triggers
 
     monkeypatch.setenv("MLFLOW_TRACKING_URI", mlflow_server)
     found, true = _items_from_build(tmp_path / "raw", 600, 0.05, seed=3)
@@ -84,12 +85,12 @@ def test_label_qa_trains_on_feedback_and_a_triggered_run_sees_new_labels(tmp_pat
     _fake_desensitize(cfg.lake, "r1", found)
     first = labelqa_stage.run(cfg, "r1")
     assert "feedback_labels" not in first.manifest["inputs"]
-    assert runs.unread_labels(cfg) == []
+    assert triggers.unread_labels(cfg) == []
 
     label = str(pd.read_parquet(Path(first.path) / "curated").label.iloc[0])
     _log(cfg.lake, [(f"q{i}", f"a message served in production number {i} about my account", None, label,
                      200.0 + i) for i in range(5)])
-    assert runs.unread_labels(cfg) == ["feedback labels (5 in the prediction log)"]
+    assert triggers.unread_labels(cfg) == ["feedback labels (5 in the prediction log)"]
 
     _fake_desensitize(cfg.lake, "r2", found)
     second = labelqa_stage.run(cfg, "r2")
@@ -99,7 +100,7 @@ def test_label_qa_trains_on_feedback_and_a_triggered_run_sees_new_labels(tmp_pat
     assert len(fb) == 5 and set(fb.split) == {"train"} and set(fb.label) == {label}
     m = json.loads((Path(second.path) / "metrics.json").read_text())
     assert m["feedback"]["added"] == 5 and second.manifest["stats"]["feedback_rows_added"] == 5
-    assert runs.unread_labels(cfg) == []  # this label-QA output read them
+    assert triggers.unread_labels(cfg) == []  # this label-QA output read them
 
     # the same feedback again: a triggered run with nothing new ends as "no new data"
     from core.stage import MANIFEST, file_fingerprint
@@ -111,9 +112,9 @@ def test_label_qa_trains_on_feedback_and_a_triggered_run_sees_new_labels(tmp_pat
     monkeypatch.setenv("INTENTOPS__INPUT__PATH", str(export))
     trigger = [{"asset": "intentops_new_labels", "extra": {"feedback_labels": 6}}]
     with pytest.raises(runs.NoNewData, match="no new feedback or reviewed labels"):
-        runs.resolve_run_config("asset_triggered__a", {}, trigger=trigger)
+        triggers.resolve_triggered_run("asset_triggered__a", {}, trigger)
     _log(cfg.lake, [("q9", "one more served message about my account balance", None, label, 300.0)])
-    _, note = runs.resolve_run_config("asset_triggered__b", {}, trigger=trigger)
+    _, note = triggers.resolve_triggered_run("asset_triggered__b", {}, trigger)
     assert "new feedback labels (6 in the prediction log)" in note
 
 

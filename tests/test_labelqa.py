@@ -398,7 +398,7 @@ def test_agreement_counts_independent_annotators_only():
 # --------------------------------------------------------------------------- the stage
 
 
-def _fake_desensitize(lake, run_id: str, items: pd.DataFrame) -> None:
+def _fake_desensitize(lake, run_id: str, items: pd.DataFrame, unlabeled: pd.DataFrame | None = None) -> None:
     """Publish a clean output with the run's label set and a desensitize output for
     `run_id` through the stage framework (what the Spark jobs do), so the label-QA stage
     has real upstreams to read."""
@@ -413,9 +413,13 @@ def _fake_desensitize(lake, run_id: str, items: pd.DataFrame) -> None:
             cluster_labels=[[x] for x in items.label], label_conflict=False)
         (out / "kept").mkdir()
         kept.to_parquet(out / "kept" / "part-0.parquet", index=False)
+        if unlabeled is not None:  # rows without a label (clean.unlabeled: review)
+            (out / "unlabeled").mkdir()
+            unlabeled.to_parquet(out / "unlabeled" / "part-0.parquet", index=False)
         return {"rows_in": len(kept), "kept": len(kept)}
 
-    stage.run_stage("desensitize", lake, {"test": len(items)}, {}, "test", work, run_id)
+    stage.run_stage("desensitize", lake, {"test": len(items), "unlabeled": None if unlabeled is None
+                                          else len(unlabeled)}, {}, "test", work, run_id)
 
 
 def test_stage_publishes_logs_to_mlflow_and_reruns_idempotently(tmp_path, mlflow_server, monkeypatch, noisy):

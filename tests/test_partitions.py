@@ -89,7 +89,7 @@ def test_clean_reads_only_the_selected_days_with_its_own_key(tmp_path, spark, la
     one = clean.run(load_config(overrides={**base, "input.partitions": days}), run_id="r1", spark=spark)
     expected = sum(sum(1 for _ in (daily / d / "raw.csv").open()) - 1 for d in days)
     stats = one.manifest["stats"]
-    assert stats["rows_in"] == expected == stats["kept"] + stats["quarantined"]
+    assert stats["rows_in"] == expected == stats["kept"] + stats["quarantined"] + stats["unlabeled"]
     assert set(one.manifest["inputs"]["raw"]["partitions"]) == set(days)
 
     again = clean.run(load_config(overrides={**base, "input.partitions": days}), run_id="r2", spark=spark)

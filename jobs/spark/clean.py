@@ -245,10 +245,22 @@ def kept_view(flagged: DataFrame) -> DataFrame:
     )
 
 
-def quarantine_view(flagged: DataFrame) -> DataFrame:
+def unlabeled_view(flagged: DataFrame) -> DataFrame:
+    """Rows whose one finding is a missing label (``clean.unlabeled: review``): kept's
+    columns, no label; desensitize masks them, label QA pre-labels and queues them."""
     from pyspark.sql import functions as F
 
-    return flagged.where(F.col("reason").isNotNull()).select(
+    return kept_view(flagged.withColumn("reason", F.when(F.col("reason") == "missing_label", F.lit(None))
+                                        .otherwise(F.lit("x"))))
+
+
+def quarantine_view(flagged: DataFrame, unlabeled: bool = False) -> DataFrame:
+    from pyspark.sql import functions as F
+
+    bad = F.col("reason").isNotNull()
+    if unlabeled:
+        bad &= F.col("reason") != "missing_label"
+    return flagged.where(bad).select(
         "record_id",
         "reason",
         "detail",
@@ -354,8 +366,12 @@ def run(cfg: PipelineConfig, run_id: str | None = None, spark: SparkSession | No
             kept_n = by_reason.pop(None, 0)
             if labels is not None:
                 check_label_fit(checked, by_reason, total, str(src), cfg.clean.labels_file)
+            review_unlabeled = cfg.clean.unlabeled == "review"
+            unlabeled_n = by_reason.pop("missing_label", 0) if review_unlabeled else 0
             kept_view(flagged).write.parquet(str(out / "kept"))
-            quarantine_view(flagged).write.parquet(str(out / "quarantine"))
+            quarantine_view(flagged, review_unlabeled).write.parquet(str(out / "quarantine"))
+            if review_unlabeled:
+                unlabeled_view(flagged).write.parquet(str(out / "unlabeled"))
             oos = textnorm.normalize_label(cfg.oos.label) if cfg.oos.label else None
             if oos is not None and oos not in kept_labels:
                 raise stage.StageError(
@@ -372,12 +388,13 @@ def run(cfg: PipelineConfig, run_id: str | None = None, spark: SparkSession | No
             reused.unpersist()
         quarantined = sum(by_reason.values())
         # A guard against a bug, not a user error: nothing may be lost between in and out.
-        if kept_n + quarantined != total:
-            raise AssertionError(f"row accounting broken: {kept_n}+{quarantined} != {total}")
+        if kept_n + quarantined + unlabeled_n != total:
+            raise AssertionError(f"row accounting broken: {kept_n}+{quarantined}+{unlabeled_n} != {total}")
         return {
             "rows_in": total,
             "kept": kept_n,
             "quarantined": quarantined,
+            "unlabeled": unlabeled_n,
             "quarantine_by_reason": {r: by_reason.get(r, 0) for r in REASONS if by_reason.get(r)},
             "input_path": str(src),
             "label_set": cfg.clean.label_set,

@@ -573,6 +573,12 @@ def run(
             n_clusters = clusters.count()
             n_conflict = clusters.where(F.col("label_conflict")).count()
             n_kept = session.read.parquet(str(out / "kept")).count()
+            # Unlabeled rows (clean.unlabeled: review) pass through to desensitize, which masks
+            # them; label QA drops those that repeat a labelled message.
+            unlabeled = None
+            if (src / "unlabeled").exists():
+                session.read.parquet(str(src / "unlabeled")).write.parquet(str(out / "unlabeled"))
+                unlabeled = session.read.parquet(str(out / "unlabeled")).count()
         finally:
             res.unpersist()
         rows_in = upstream_manifest["stats"]["kept"]
@@ -586,6 +592,7 @@ def run(
             "merged_near": counts.get("near", 0),
             "clusters": n_clusters,
             "label_conflict_clusters": n_conflict,
+            "unlabeled": unlabeled,
             **res.stats,
         }
 

@@ -5,6 +5,8 @@ whose votes label QA reads): both carry message text, so both are masked. Output
 
 * ``kept/``, ``merged/``  the same rows and columns, ``text`` masked, plus ``pii_entities``
                           (the entity types found, in order) — nothing else changes;
+* ``unlabeled/``          likewise, for the rows without a label dedup passed on (when
+                          ``clean.unlabeled`` is ``review``);
 * ``report.json``         counts by entity type and a few *masked* samples per type.
 
 Nothing downstream of this stage reads unmasked text: label QA, training, export and
@@ -44,6 +46,7 @@ if TYPE_CHECKING:
 
 STAGE = "desensitize"
 PARTS = ("kept", "merged")
+OPTIONAL_PARTS = ("unlabeled",)  # rows without a label (clean.unlabeled: review)
 
 
 def pseudonym_key(cfg: DesensitizeConfig, key: str | None = None) -> bytes | None:
@@ -107,13 +110,18 @@ def desensitize_frame(df: DataFrame, mode: str, key: bytes | None) -> DataFrame:
     return df.mapInArrow(mask_fn(mode, key, df.columns.index("text")), schema)
 
 
+def parts_of(folder: Path) -> tuple[str, ...]:
+    """The parts an upstream output holds: always kept and merged, unlabeled when present."""
+    return PARTS + tuple(p for p in OPTIONAL_PARTS if (Path(folder) / p).exists())
+
+
 def report(session, out: Path, samples_per_type: int) -> dict[str, Any]:
     from pyspark.sql import functions as F
 
     by_part: dict[str, Any] = {}
     totals: dict[str, int] = {}
     samples: dict[str, list[str]] = {}
-    for part in PARTS:
+    for part in parts_of(out):
         df = session.read.parquet(str(out / part))
         rows = df.count()
         with_pii = df.where(F.size("pii_entities") > 0).count()
@@ -155,12 +163,12 @@ def run(cfg: PipelineConfig, run_id: str, spark=None, dedup_output: str | None =
     def work(out: Path) -> dict[str, Any]:
         session = spark or common.get_spark(cfg, "intentops-desensitize")
         rows_in = {}
-        for part in PARTS:
+        for part in parts_of(src):
             df = session.read.parquet(str(src / part))
             rows_in[part] = df.count()
             desensitize_frame(df, cfg.desensitize.mode, key).write.parquet(str(out / part))
         rep = report(session, out, cfg.desensitize.samples_per_type)
-        for part in PARTS:
+        for part in rows_in:
             if rep["parts"][part]["rows"] != rows_in[part]:
                 raise AssertionError(
                     f"row accounting broken in {part}: {rep['parts'][part]['rows']} != {rows_in[part]}"
@@ -170,6 +178,7 @@ def run(cfg: PipelineConfig, run_id: str, spark=None, dedup_output: str | None =
             "rows_in": sum(rows_in.values()),
             "kept": rows_in["kept"],
             "merged": rows_in["merged"],
+            "unlabeled": rows_in.get("unlabeled"),
             "rows_with_pii": sum(p["rows_with_pii"] for p in rep["parts"].values()),
             "entities": rep["entities"],
             "mode": cfg.desensitize.mode,
