@@ -18,7 +18,7 @@ export AIRFLOW_CONN_SPARK_DEFAULT ?= {"conn_type": "spark", "host": "local[*]"}
 export PYSPARK_PYTHON := $(BIN)/python
 export SPARK_LOCAL_IP ?= 127.0.0.1
 
-.PHONY: demo test venv lint bench mlflow clean-var up down browser test-deps monitoring-deps label-studio pii-corpus pii-tables pii-models
+.PHONY: demo test venv lint bench mlflow clean-var up down browser test-deps monitoring-deps label-studio pii-corpus pii-tables pii-models cluster-deps cluster-up cluster-down test-cluster
 
 # Run the whole pipeline on the bundled demo data, through Airflow.
 demo: $(VENV)/.installed
@@ -52,6 +52,28 @@ $(LABEL_STUDIO)/.installed: constraints-label-studio.txt
 	test -x $(LABEL_STUDIO)/bin/python || $(PYTHON) -m venv $(LABEL_STUDIO)
 	$(LABEL_STUDIO)/bin/pip install -q -c constraints-label-studio.txt label-studio
 	touch $@
+
+# The scaled-out shape as local processes (ops/cluster.py, configured from
+# docker/compose.yaml): Debian's Postgres and Redis servers, the `cluster` extra (the
+# CeleryExecutor, the Postgres drivers).
+cluster-deps: $(VENV)/.cluster-installed
+	@command -v redis-server > /dev/null || ( apt-get update -q && \
+	  DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends redis-server )
+	@ls /usr/lib/postgresql/*/bin/initdb > /dev/null 2>&1 || ( apt-get update -q && \
+	  DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends postgresql )
+$(VENV)/.cluster-installed: $(VENV)/.installed pyproject.toml constraints.txt
+	$(BIN)/pip install -q -c constraints.txt -e '.[dev,cluster]'
+	touch $@
+
+cluster-up: cluster-deps
+	$(BIN)/intentops cluster-up
+cluster-down: $(VENV)/.installed
+	$(BIN)/intentops cluster-down
+
+# The cluster shape's end-to-end and fault tests (tests/test_cluster.py; `make test`
+# leaves them out, .ci/run runs both).
+test-cluster: cluster-deps
+	$(BIN)/python -m pytest -q -m cluster tests/test_cluster.py
 
 # Prometheus, Alertmanager and the Pushgateway from Debian (make up's monitoring stack).
 monitoring-deps:

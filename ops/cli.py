@@ -79,7 +79,11 @@ def build_parser() -> argparse.ArgumentParser:
     rp.set_defaults(cmd="review-pull")
     for name, help_ in (("up", "start the local services: MLflow server, airflow standalone, serving"),
                         ("down", "stop what `up` started (and the serving processes)"),
-                        ("services", "URLs, credentials file and state of the local services")):
+                        ("services", "URLs, credentials file and state of the local services (or of "
+                         "the cluster shape, when it is up)"),
+                        ("cluster-up", "start the scaled-out shape as local processes: Postgres, Redis, "
+                         "a Spark master and two workers, MLflow on Postgres, Airflow with two Celery workers"),
+                        ("cluster-down", "stop everything cluster-up started")):
         sub.add_parser(name, help=help_).add_argument("--config", help="YAML config file")
     e = sub.add_parser("evaluate", help="score a run's data stages against builder ground truth")
     e.add_argument("--run-id", required=True)
@@ -172,6 +176,7 @@ def _handler(args: argparse.Namespace) -> Callable[[argparse.Namespace], int]:
     if args.cmd == "pii":
         return _pii
     return {"audit": _audit, "stages": _stages, "run": _run, "up": _services, "down": _services,
+            "cluster-up": _services, "cluster-down": _services,
             "services": _services, "summary": _summary, "leak-scan": _leak_scan,
             "evaluate": _evaluate, "review-pull": _review_pull, "monitor": _monitor}[args.cmd]
 
@@ -306,13 +311,17 @@ def _services(args: argparse.Namespace) -> int:
     import json
 
     from core.config import load_config
+    from ops.cluster import Cluster, cluster_root
     from ops.services import ServiceError, Services
 
-    svc = Services(load_config(args.config))
+    cluster = args.cmd.startswith("cluster-") or (
+        args.cmd == "services" and (cluster_root() / "state.json").exists()
+        and any(k in json.loads((cluster_root() / "state.json").read_text()) for k in ("api_server", "postgres")))
     try:
-        if args.cmd == "up":
+        svc = Cluster() if cluster else Services(load_config(args.config))
+        if args.cmd in ("up", "cluster-up"):
             print(json.dumps(svc.up(), indent=2))
-        elif args.cmd == "down":
+        elif args.cmd in ("down", "cluster-down"):
             stopped = svc.down()
             print("stopped: " + (", ".join(stopped) if stopped else "nothing was running"))
         else:

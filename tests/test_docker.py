@@ -957,3 +957,38 @@ def test_every_service_waits_for_the_config_check_and_it_checks_every_secret():
                     seen.add(dep)
                     todo.append(dep)
         assert "config-check" in seen, f"{name} can start before the config check"
+
+
+def test_the_cluster_shape_takes_its_airflow_settings_from_compose(tmp_path, monkeypatch):
+    """`make cluster-up` runs Airflow with compose's x-airflow-env, host names mapped to
+    this machine: every setting is carried over or left out for a service the shape does
+    not start, none names an unmapped host, and the secrets are fresh."""
+    for name in ("AIRFLOW_HOME", "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE", "INTENTOPS_SERVICES_ROOT"):
+        monkeypatch.setenv(name, "")  # Cluster() sets them; monkeypatch restores them
+    monkeypatch.setenv("INTENTOPS_CLUSTER_ROOT", str(tmp_path))
+    from ops.cluster import Cluster, compose_airflow_env
+
+    c = Cluster()
+    env = c.env()
+    compose = compose_airflow_env(c.settings)
+    for key, value in compose.items():
+        if key.startswith("AIRFLOW__METRICS__") or any(h in value for h in Cluster.NOT_STARTED):
+            assert key not in env or key.startswith("AIRFLOW__METRICS__") is False, key
+            continue
+        assert key in env, key
+    assert env["AIRFLOW__CORE__EXECUTOR"] == "CeleryExecutor"
+    s = c.settings
+    assert env["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"] == (
+        f"postgresql+psycopg2://airflow:{s['AIRFLOW_DB_PASSWORD']}@127.0.0.1:5432/airflow")
+    assert env["AIRFLOW__CELERY__BROKER_URL"] == f"redis://:{s['REDIS_PASSWORD']}@127.0.0.1:6379/0"
+    assert env["AIRFLOW__CELERY__RESULT_BACKEND"].startswith("db+postgresql+psycopg2://airflow:")
+    assert json.loads(env["AIRFLOW_CONN_SPARK_DEFAULT"]) == {"conn_type": "spark", "host": "spark://127.0.0.1",
+                                                            "port": 7077}
+    assert env["AIRFLOW__CORE__EXECUTION_API_SERVER_URL"] == "http://127.0.0.1:8090/execution/"
+    assert env["MLFLOW_TRACKING_URI"] == "http://127.0.0.1:5000"
+    assert env["INTENTOPS__LAKE_ROOT"] == str(tmp_path / "data" / "lake")
+    assert "INTENTOPS_LABEL_STUDIO_URL" not in env and "INTENTOPS_PUSHGATEWAY_URL" not in env
+    values = [line.partition("=")[2] for line in (tmp_path / "cluster.env").read_text().splitlines()
+              if "=" in line and not line.startswith("#")]
+    assert not any(v.startswith("change-me") for v in values) and (tmp_path / "cluster.env").stat().st_mode & 0o077 == 0
+    assert (c.spark_ui, c.worker_uis, c.ports.airflow) == (8080, [8081, 8082], 8090)
