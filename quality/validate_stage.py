@@ -4,7 +4,7 @@ The stage publishes its result and the GX Data Docs like any other stage output,
 fails when an expectation failed, so the report stays in the lake for people to read and
 a rerun on the same inputs is a cache hit that fails the same way (no work redone).
 
-Accounting: ``rows_in`` of clean = clean's quarantined + dedup's merged + desensitize's
+Accounting: ``rows_in`` of clean = clean's quarantined and unlabeled + dedup's merged + desensitize's
 kept, checked as an expectation too. Thresholds come from ``validation`` in the config
 (the DAG's params override them).
 
@@ -37,6 +37,8 @@ def accounting(cfg: PipelineConfig, run_id: str) -> dict[str, int]:
         "kept": s["kept"],
         "quarantined": c["quarantined"],
         "merged": d["merged_exact"] + d["merged_near"],
+        # rows without a label (clean.unlabeled: review): masked, on to label QA's queue
+        "unlabeled": c.get("unlabeled") or 0,
     }
 
 

@@ -3,7 +3,7 @@
 What: one expectation suite over the desensitize stage's Parquet output (schema, nulls,
 unique ``record_id``, labels in the label set, text length, no residual PII pattern,
 duplicate rate of the normalized text, row count) plus a one-row accounting batch
-(kept + quarantined + merged == rows_in). ``validate`` writes ``validation_result.json``
+(kept + quarantined + merged + unlabeled == rows_in). ``validate`` writes ``validation_result.json``
 (a compact summary) and the GX Data Docs site (``data_docs/index.html``) and returns the
 summary; ``check`` raises ``GateFailed`` naming each failed expectation and by how much.
 The caller publishes the outputs first and calls ``check`` afterwards, so the report
@@ -49,7 +49,7 @@ __all__ = [
 
 REQUIRED_COLUMNS = ("record_id", "text", "label", "created_at")
 STRING_COLUMNS = ("text", "label")
-ACCOUNTING_KEYS = ("rows_in", "kept", "quarantined", "merged")
+ACCOUNTING_KEYS = ("rows_in", "kept", "quarantined", "merged")  # and "unlabeled" (0 when absent)
 RESULT_FILE = "validation_result.json"
 DOCS_DIR = "data_docs"
 SUITE = "training_candidates"
@@ -243,7 +243,7 @@ def _checks(labels: list[str], patterns: dict[str, str], t: GateThresholds) -> l
             None,
             (),
             gxe.ExpectColumnPairValuesToBeEqual(
-                column_A="kept_plus_quarantined_plus_merged", column_B="rows_in"
+                column_A="kept_plus_quarantined_plus_merged_plus_unlabeled", column_B="rows_in"
             ),
             "accounting",
             suite=ACCOUNTING_SUITE,
@@ -421,10 +421,10 @@ def _failure(ch: _Check, e: dict[str, Any], accounting: dict[str, int], t: GateT
         return f"{name}: {e.get('observed_value')} rows < min_rows {t.min_rows}"
     if ch.check == "accounting":
         a = accounting
-        total = a["kept"] + a["quarantined"] + a["merged"]
+        total = a["kept"] + a["quarantined"] + a["merged"] + a.get("unlabeled", 0)
         return (
             f"accounting ({e['type']}): kept {a['kept']} + quarantined {a['quarantined']}"
-            f" + merged {a['merged']} = {total} != rows_in {a['rows_in']}"
+            f" + merged {a['merged']} + unlabeled {a.get('unlabeled', 0)} = {total} != rows_in {a['rows_in']}"
         )
     if ch.check.startswith("type.") and "unexpected_count" not in e:
         return f"{name}: column type is {e.get('observed_value')}, expected str"
@@ -520,7 +520,7 @@ def validate(
     missing_keys = [k for k in ACCOUNTING_KEYS if k not in accounting]
     if missing_keys:
         raise ValueError(f"accounting lacks {missing_keys}; needs {list(ACCOUNTING_KEYS)}")
-    acc = {k: int(accounting[k]) for k in ACCOUNTING_KEYS}
+    acc = {k: int(accounting[k]) for k in ACCOUNTING_KEYS} | {"unlabeled": int(accounting.get("unlabeled") or 0)}
     checks = _checks(labels, residual_patterns, thresholds)
 
     frame, columns = _load(data_dir)
@@ -530,9 +530,10 @@ def validate(
         [
             {
                 **acc,
-                "kept_plus_quarantined_plus_merged": acc["kept"]
+                "kept_plus_quarantined_plus_merged_plus_unlabeled": acc["kept"]
                 + acc["quarantined"]
-                + acc["merged"],
+                + acc["merged"]
+                + acc.get("unlabeled", 0),
             }
         ]
     )

@@ -129,3 +129,15 @@ def test_bad_thresholds_are_rejected() -> None:
 def test_normalized_text_key_groups_case_and_punctuation() -> None:
     k = validation.normalized_text_key(pd.Series(["Where is my card?", "where IS my card!!", None]))
     assert k[0] == k[1] and pd.isna(k[2])
+
+
+def test_accounting_counts_unlabeled_rows(tmp_path):
+    """Rows without a label (clean.unlabeled: review) are neither kept nor quarantined:
+    the accounting adds them, and says so when it does not add up."""
+    df = frame()
+    ok = {"rows_in": len(df) + 13, "kept": len(df), "quarantined": 4, "merged": 6, "unlabeled": 3}
+    assert run(df, tmp_path / "a", accounting=ok)["success"]
+    bad = {**ok, "unlabeled": 0}
+    s = run(df, tmp_path / "b", accounting=bad)
+    with pytest.raises(GateFailed, match=r"\+ unlabeled 0 = .* != rows_in"):
+        validation.check(s)
