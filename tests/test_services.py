@@ -217,7 +217,7 @@ def test_rest_triggered_run_registers_promotes_and_serves(services, api, registr
     assert all(found.get(k) for k in queries), found
 
 
-@pytest.mark.timeout(1800)  # two daily runs one after another (max_active_runs=1), then two cache hits
+@pytest.mark.timeout(1800)  # two daily runs side by side, then the same two as cache hits
 def test_backfill_reads_its_days_and_a_second_backfill_is_all_cache_hits(services, api, registry):
     env, base, raw, info = services
     # The day's models must not displace the champion of the test above: an impossible
