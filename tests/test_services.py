@@ -225,7 +225,7 @@ def test_backfill_reads_its_days_and_a_second_backfill_is_all_cache_hits(service
     # failed register task with the reason (export and deploy do not run), so the runs end
     # failed, not green with no model.
     body = {"dag_id": DAG, "from_date": "2026-11-02T00:00:00Z", "to_date": "2026-11-03T00:00:00Z",
-            "max_active_runs": 1,
+            "max_active_runs": 2,  # both days at once: Spark and training share their pools
             # A day holds a few hundred items: the label-QA suspect rate of so small a sample
             # swings past the 5% bar, which is not what this test is about.
             "dag_run_conf": {"input_path": str(raw / "daily"), **CONF, "registration_margin": 1.0,
