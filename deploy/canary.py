@@ -268,6 +268,13 @@ def rollout(cfg: PipelineConfig, version: str, texts: list[str], labels: list[st
         dep.routes(state, stable=dep.stable_pool(state))
         return result | {"decision": "already_serving", "reason": f"v{version} is the stable model already"}
     result["stable_version"] = stable["version"] if stable else None
+    if dep.alive(state.get("canary")):
+        # The canary of a rollout an error or a killed task interrupted (the deploy task's
+        # retry lands here): stopped, not left running beside the new one.
+        log.warning("stopping the canary v%s a previous rollout left", state["canary"].get("version"))
+        dep.kill(state["canary"])
+        state["canary"] = None
+        dep.save(state)
     timeline: list[dict[str, Any]] = []
     events: list[dict[str, Any]] = []
     t0 = time.time()

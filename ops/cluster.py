@@ -33,6 +33,7 @@ the serving processes the deploy task started), waits for them, and leaves none 
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import json
 import os
@@ -188,7 +189,6 @@ class Cluster(Services):
             "INTENTOPS__DEPLOY__ROOT": str(self.data / "deploy"),
             # Airflow's own services listen on loopback only.
             "AIRFLOW__SCHEDULER__SCHEDULER_HEALTH_CHECK_SERVER_HOST": "127.0.0.1",
-            "AIRFLOW__LOGGING__WORKER_LOG_SERVER_HOST": "127.0.0.1",
             "SPARK_LOCAL_IP": "127.0.0.1",
             **registry_auth.client_env(self.registry_credentials()),
         })
@@ -216,6 +216,10 @@ class Cluster(Services):
         pwfile = self.root / "postgres.pw"
         if not (data / "PG_VERSION").exists():
             data.mkdir(parents=True, exist_ok=True)
+            if os.geteuid() == 0 and any(not (p.stat().st_mode & 0o001) for p in data.parents if p != Path("/")):
+                raise ServiceError(f"{self.root}: Postgres runs as the postgres user, which cannot reach a "
+                                   "folder inside it (a parent folder without o+x); use another "
+                                   "INTENTOPS_CLUSTER_ROOT")
             create_private(pwfile, self.settings["POSTGRES_PASSWORD"] + "\n")
             if os.geteuid() == 0:
                 shutil.chown(data, "postgres", "postgres")
@@ -380,8 +384,11 @@ class Cluster(Services):
             name = f"celery_worker_{i}"
             if self.alive(state.get(name)):
                 continue
+            # --skip-serve-logs: Airflow's worker log server binds every interface (no host
+            # setting); on one machine the api-server reads the task logs from the shared
+            # log folder instead.
             worker_env = {**env, "AIRFLOW__LOGGING__WORKER_LOG_SERVER_PORT": str(8792 + i)}
-            state[name] = self._spawn(name, [str(self.bin / "airflow"), "celery", "worker",
+            state[name] = self._spawn(name, [str(self.bin / "airflow"), "celery", "worker", "--skip-serve-logs",
                                              "--celery-hostname", f"worker{i}@%h", "--queues", "default",
                                              "--concurrency", self.settings.get("AIRFLOW_WORKER_CONCURRENCY", "2")],
                                       worker_env)
@@ -484,4 +491,24 @@ class Cluster(Services):
             state.pop(name, None)
         state.pop("serving", None)
         self._save(state)
+        # Anything else still running from this shape's folder (a process a killed task
+        # left behind): stopped too, so nothing outlives cluster-down.
+        import psutil
+
+        mine = str(self.root) + os.sep
+        strays = []
+        for p in psutil.process_iter(["cmdline"]):
+            try:
+                if p.pid != os.getpid() and mine in " ".join(p.info["cmdline"] or []):
+                    strays.append(p)
+            except psutil.Error:
+                continue
+        for p in strays:
+            with contextlib.suppress(psutil.Error):
+                p.terminate()
+        _, alive = psutil.wait_procs(strays, timeout=20)
+        for p in alive:
+            with contextlib.suppress(psutil.Error):
+                p.kill()
+        stopped += [f"stray pid {p.pid}" for p in strays]
         return stopped

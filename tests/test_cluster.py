@@ -55,8 +55,14 @@ def _ours(root: Path) -> list[psutil.Process]:
 
 
 @pytest.fixture(scope="module")
-def cluster(tmp_path_factory, project_env):
-    root = tmp_path_factory.mktemp("cluster")
+def cluster(project_env):
+    import shutil
+    import tempfile
+
+    # Not under pytest's tmp folder (mode 0700): Postgres runs as Debian's postgres user,
+    # which must reach its data directory.
+    root = Path(tempfile.mkdtemp(prefix="intentops-cluster-"))
+    root.chmod(0o755)
     env = {k: v for k, v in project_env.items() if not k.startswith(("MLFLOW_TRACKING_", "AIRFLOW", "INTENTOPS__"))}
     env.update(
         INTENTOPS_CLUSTER_ROOT=str(root), PATH=f"{Path(sys.executable).parent}{os.pathsep}{env['PATH']}",
@@ -83,6 +89,8 @@ def cluster(tmp_path_factory, project_env):
         print(down.stdout[-2000:], down.stderr[-2000:])
         time.sleep(2)
         left = _ours(root)
+        if not left:
+            shutil.rmtree(root, ignore_errors=True)
         assert not left, [" ".join(p.cmdline()[:4]) for p in left]
 
 
@@ -118,7 +126,7 @@ def test_the_shape_is_up_on_loopback_and_described(cluster):
         for p in [proc, *proc.children(recursive=True)]:
             for c in p.net_connections(kind="inet"):
                 if c.status == psutil.CONN_LISTEN:
-                    assert c.laddr.ip in ("127.0.0.1", "::1"), (name, p.name(), c.laddr)
+                    assert c.laddr.ip in ("127.0.0.1", "::1", "::ffff:127.0.0.1"), (name, p.name(), c.laddr)
     # Secrets generated, private, and no example placeholder left.
     values = [line.partition("=")[2] for line in (root / "cluster.env").read_text().splitlines()
               if "=" in line and not line.startswith("#")]
