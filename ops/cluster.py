@@ -370,7 +370,10 @@ class Cluster(Services):
                 raise ServiceError(f"airflow {' '.join(cmd)} failed:\n{(out.stdout + out.stderr)[-3000:]}")
         commands = {
             "api_server": ["api-server", "--host", "127.0.0.1", "--port", str(self.ports.airflow)],
-            "scheduler": ["scheduler"], "dag_processor": ["dag-processor"], "triggerer": ["triggerer"],
+            # --skip-serve-logs: the triggerer's log server, like the workers', binds every
+            # interface; on one machine the api-server reads the shared log folder.
+            "scheduler": ["scheduler"], "dag_processor": ["dag-processor"],
+            "triggerer": ["triggerer", "--skip-serve-logs"],
         }
         started = []
         for name, args in commands.items():
