@@ -26,12 +26,10 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import subprocess
 import sys
 import tempfile
 import time
-from datetime import datetime
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -39,6 +37,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from data_stages import cpu_model, write_results  # noqa: E402
+from pipeline_run import _free_port, _seconds  # noqa: E402
 
 from ops.airflow_api import AirflowApi  # noqa: E402
 
@@ -46,19 +45,6 @@ DAG = "intentops_pipeline"
 GATES = {"INTENTOPS__TRAINING__MIN_FUNCTIONALITY": "0", "INTENTOPS__TRAINING__MIN_INVARIANCE": "0",
          "INTENTOPS__EXPORT__MIN_AGREEMENT": "0.95", "INTENTOPS__DEPLOY__MIN_REQUESTS": "15",
          "INTENTOPS__DEPLOY__MIN_PROBES": "15", "INTENTOPS__DEPLOY__POLL_SECONDS": "0.5"}
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _seconds(a: str | None, b: str | None) -> float | None:
-    if not a or not b:
-        return None
-    t = [datetime.fromisoformat(x.replace("Z", "+00:00")) for x in (a, b)]
-    return round((t[1] - t[0]).total_seconds(), 1)
 
 
 def _cli(env: dict[str, str], *args: str) -> dict:
@@ -95,15 +81,7 @@ def measure(shape: str, base: Path, export: Path, conf: dict) -> dict:
             password = json.loads((home / "simple_auth_manager_passwords.json.generated").read_text())["admin"]
         api = AirflowApi(info["airflow"]["url"], "admin", password)
         api.wait_dag(DAG, timeout=300)
-        api("PATCH", f"/dags/{DAG}", json={"is_paused": False})
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:  # today's scheduled run is not the one measured
-            runs = api("GET", f"/dags/{DAG}/dagRuns", params={"run_type": "scheduled"})["dag_runs"]
-            if runs:
-                for r in runs:
-                    api("PATCH", f"/dags/{DAG}/dagRuns/{r['dag_run_id']}", json={"state": "failed"})
-                break
-            time.sleep(2)
+        api.unpause_without_the_scheduled_run(DAG)
         t1 = time.monotonic()
         run = api.trigger(conf)
         done = api.wait_runs([run], timeout=3600)[run]

@@ -51,6 +51,21 @@ class AirflowApi:
             time.sleep(2)
         raise TimeoutError(f"{dag_id} did not show up in the API within {timeout:.0f}s")
 
+    def unpause_without_the_scheduled_run(self, dag_id: str = DAG, timeout: float = 120) -> list[str]:
+        """Unpause the DAG and mark failed the scheduled run the scheduler then creates for
+        its latest interval (a test's or benchmark's own trigger is the run it measures;
+        with max_active_runs=1 the scheduled one would go first). The failed run ids."""
+        self("PATCH", f"/dags/{dag_id}", json={"is_paused": False})
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            runs = self("GET", f"/dags/{dag_id}/dagRuns", params={"run_type": "scheduled"})["dag_runs"]
+            if runs:
+                for r in runs:
+                    self("PATCH", f"/dags/{dag_id}/dagRuns/{r['dag_run_id']}", json={"state": "failed"})
+                return [r["dag_run_id"] for r in runs]
+            time.sleep(2)
+        return []
+
     def trigger(self, conf: dict[str, Any], dag_id: str = DAG) -> str:
         from core import audit
 

@@ -425,11 +425,7 @@ class Cluster(Services):
         started += self._spark_up(state, env)
         if self._mlflow_up(state, env):
             started.append("mlflow")
-        self._wait("mlflow", state["mlflow"], f"{self.mlflow_url}/health", 180)
-        try:
-            registry_auth.provision(self.mlflow_url, self.registry_credentials())
-        except registry_auth.RegistryAuthError as e:
-            raise ServiceError(f"mlflow users not provisioned: {e}; see {state['mlflow']['log']}") from e
+        self._registry_ready(state)
         started += self._airflow_up(state, env)
         deadline = time.monotonic() + 180
         while len(self.celery_workers_online(env)) < WORKERS:

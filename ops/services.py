@@ -233,11 +233,7 @@ class Services:
                 "--artifacts-destination", str(store / "artifacts"), "--workers", "1"], server_env)
             self._save(state)
             started.append("mlflow")
-        self._wait("mlflow", state["mlflow"], f"{self.mlflow_url}/health", 180)
-        try:
-            registry_auth.provision(self.mlflow_url, self.registry_credentials())
-        except registry_auth.RegistryAuthError as e:
-            raise ServiceError(f"mlflow users not provisioned: {e}; see {state['mlflow']['log']}") from e
+        self._registry_ready(state)
 
         started += self._monitoring_up(state, env)
         started += self._label_studio_up(state)
@@ -266,6 +262,14 @@ class Services:
                             "stable_version": stable and stable.get("version")}
         self._save(state)
         return {"started": started, **self.describe(state)}
+
+    def _registry_ready(self, state: dict[str, Any]) -> None:
+        """MLflow answers, and its basic-auth app has the pipeline's and follower's users."""
+        self._wait("mlflow", state["mlflow"], f"{self.mlflow_url}/health", 180)
+        try:
+            registry_auth.provision(self.mlflow_url, self.registry_credentials())
+        except registry_auth.RegistryAuthError as e:
+            raise ServiceError(f"mlflow users not provisioned: {e}; see {state['mlflow']['log']}") from e
 
     MONITORING = ("alert_receiver", "statsd_bridge", "pushgateway", "alertmanager", "prometheus")
 

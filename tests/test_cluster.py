@@ -163,15 +163,7 @@ def test_a_rest_triggered_run_promotes_a_model_on_the_cluster(cluster, api):
     # Unpausing makes the scheduler create today's scheduled run (its input is the
     # configured default, not this test's export): marked failed, it does not hold the
     # one active-run slot (max_active_runs=1) ahead of the REST-triggered run.
-    api("PATCH", f"/dags/{DAG}", json={"is_paused": False})
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        scheduled = api("GET", f"/dags/{DAG}/dagRuns", params={"run_type": "scheduled"})["dag_runs"]
-        if scheduled:
-            for r in scheduled:
-                api("PATCH", f"/dags/{DAG}/dagRuns/{r['dag_run_id']}", json={"state": "failed"})
-            break
-        time.sleep(2)
+    api.unpause_without_the_scheduled_run(DAG)
     run = api.trigger({"input_path": str(root / "raw" / "raw.csv"), **CONF})
     victim = None
     deadline = time.monotonic() + 1800
