@@ -65,6 +65,22 @@ def project_env(audit_log, registry_credentials) -> dict[str, str]:
     return env
 
 
+# What the suite's whole-pipeline runs (airflow dags test, make up's standalone) set on top
+# of the config they test: a smaller int8 search (2 of the default 12 quantization
+# candidates; test_export.py runs the search over fusions and per-channel itself), fewer
+# latency samples for the speed report, and as many shuffle partitions as cores. None of
+# these is a gate; every gate keeps its value.
+FAST_PIPELINE_ENV = {
+    "INTENTOPS__EXPORT__FUSIONS": "[none, full]",
+    "INTENTOPS__EXPORT__PER_CHANNEL": "[true]",
+    "INTENTOPS__EXPORT__REDUCE_RANGE": "[false]",
+    "INTENTOPS__EXPORT__LATENCY_SAMPLES": "30",
+    "INTENTOPS__EXPORT__THROUGHPUT_BATCHES": "4",
+    "INTENTOPS__EXPORT__CANDIDATE_BATCHES": "2",
+    "INTENTOPS__SPARK__SHUFFLE_PARTITIONS": "2",
+}
+
+
 def _wait_healthy(name: str, url: str, proc, timeout: float, log: Path, kill) -> None:
     """Until ``url`` answers 200; a process that exits or a timeout is killed (``kill``)
     and raised with the tail of its log."""

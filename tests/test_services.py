@@ -18,7 +18,7 @@ from pathlib import Path
 import httpx
 import psutil
 import pytest
-from conftest import ROOT, _free_port
+from conftest import FAST_PIPELINE_ENV, ROOT, _free_port
 
 from core.stage import run_dir
 from ops.airflow_api import AirflowApi
@@ -95,6 +95,7 @@ def services(tmp_path_factory, project_env):
         # skips instead of holding every run open for the default 5 minutes (the wait itself:
         # tests/test_review.py and tests/test_dag_integrity.py).
         INTENTOPS__LABELING__PULL_WAIT_MINUTES="0",
+        **FAST_PIPELINE_ENV,
     )
     raw = base / "raw"
     subprocess.run([sys.executable, "-m", "demo.builder", "--out", str(raw), "--rows", str(ROWS),
