@@ -232,6 +232,12 @@ class LabelingConfig(_Section):
                                    "sensor waits for new Label Studio reviews after the push")
     # HTTP timeout per request to Label Studio, seconds.
     timeout_s: float = Field(30.0, gt=0, le=600)
+    # Who suggests a label for a message without one, in the tasks the push sends: champion
+    # (the registry's champion, its int8 build, when its label set is the run's; label QA's
+    # text classifier otherwise, saying why) or labelqa (always label QA's classifier).
+    prelabel: Literal["champion", "labelqa"] = Field(
+        "champion", description="Pre-labels of unlabeled messages: the serving champion (when "
+        "there is one with the run's label set) or label QA's text classifier")
 
 
 class TrackingConfig(_Section):

@@ -451,7 +451,8 @@ def label_studio_tasks(queue: pd.DataFrame) -> list[dict[str, Any]]:
         }
         if r.suggested_label:
             task["predictions"] = [{
-                "model_version": "intentops-labelqa",
+                # who suggested: label QA's classifier, or the champion (review push)
+                "model_version": getattr(r, "suggested_by", "") or "intentops-labelqa",
                 "score": float(r.score),
                 "result": [{
                     "from_name": LS_FROM, "to_name": LS_TO, "type": "choices",

@@ -77,6 +77,12 @@ def run(cfg: PipelineConfig, run_id: str) -> stage.StageResult:
             "unresolved_ties": int(resolved.reviewed_label.isna().sum()) if len(resolved) else 0,
             "rounds": review.rounds(a.items, resolved),
         }
+        # The model's accuracy after each round: the training that followed it (MLflow);
+        # the newest round's model is this run's own training, not trained yet.
+        after, before = _accuracy_after_rounds(cfg) if m["review"]["rounds"] else ({}, None)
+        for r in m["review"]["rounds"]:
+            r["model_test_accuracy_after"] = (after.get(r["round"]) or {}).get("test_accuracy")
+        m["review"]["model_test_accuracy_before_reviews"] = (before or {}).get("test_accuracy")
         gate = gate_checks(m, qa)
         m["gate"] = gate
         (out / "curated").mkdir()
@@ -127,6 +133,26 @@ def run(cfg: PipelineConfig, run_id: str) -> stage.StageResult:
         }
 
     return stage.run_stage(STAGE, cfg.lake, inputs, stage_cfg, code, work, run_id)
+
+
+def _accuracy_after_rounds(cfg: PipelineConfig) -> tuple[dict[int, dict[str, Any]], dict[str, Any] | None]:
+    """The model's test accuracy after each earlier review round (training runs in MLflow
+    tagged with the label-QA output they trained on; quality/review.accuracy_after_rounds)."""
+    published = []
+    for m_file in (cfg.lake / STAGE).glob("*/metrics.json"):
+        rounds = (json.loads(m_file.read_text()).get("review") or {}).get("rounds") or []
+        published.append({"key": m_file.parent.name, "last_round": max((r["round"] for r in rounds), default=0)})
+    if not published:
+        return {}, None
+    client = tracking.mlflow_client(cfg)
+    exp = client.get_experiment_by_name(cfg.training.experiment)
+    if exp is None:
+        return {}, None
+    found = client.search_runs([exp.experiment_id], filter_string="tags.`intentops.data.labelqa_key` != ''",
+                               max_results=1000, order_by=["attributes.start_time ASC"])
+    trainings = [{"labelqa_key": r.data.tags.get("intentops.data.labelqa_key"), "start": r.info.start_time,
+                  "test_accuracy": r.data.metrics.get("test_accuracy"), "run_id": r.info.run_id} for r in found]
+    return review.accuracy_after_rounds(published, trainings)
 
 
 def check(cfg: PipelineConfig, result: stage.StageResult) -> str:

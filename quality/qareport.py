@@ -116,10 +116,14 @@ def _review_section(r: dict[str, Any]) -> str:
             f"{r.get('unresolved_ties', 0)} left open (reviewers disagree); "
             f"{bad} reviewer labels outside the label set kept out"
             + (f" ({html.escape(', '.join(r.get('outside_label_set_examples') or []))})" if bad else "")
-            + ". Reviewer labels are not in the agreement figures above. The model's accuracy "
-              "after a round is the training run that follows it (MLflow).</p>"
+            + ". Reviewer labels are not in the agreement figures above. The model's test "
+              "accuracy after a round is that of the first training on its labels (MLflow); "
+              "before any review: "
+            + html.escape(str(r.get("model_test_accuracy_before_reviews") or "no training recorded"))
+            + "; the newest round's model is this run's own training (pending).</p>"
             + _table(rows, ["round", "items_reviewed", "resolved", "unresolved_ties",
-                            "agreed_with_suggestion", "labels_changed", "changed_by_class"]))
+                            "agreed_with_suggestion", "labels_changed", "changed_by_class",
+                            "model_test_accuracy_after"]))
 
 
 def render(items: pd.DataFrame, ann: pd.DataFrame, metrics: dict[str, Any], queue: pd.DataFrame,

@@ -210,3 +210,27 @@ def rounds(items: pd.DataFrame, resolved: pd.DataFrame) -> list[dict[str, Any]]:
                                  changed.consensus_before_review.fillna("<none>").value_counts().items()},
         })
     return out
+
+
+def accuracy_after_rounds(published: list[dict[str, Any]], trainings: list[dict[str, Any]],
+                          ) -> tuple[dict[int, dict[str, Any]], dict[str, Any] | None]:
+    """The model's test accuracy after each review round, and before the first.
+
+    ``published``: label QA outputs (``key``, ``last_round``: the newest review round they
+    applied, 0 for none). ``trainings``: training runs (``labelqa_key``, ``start``,
+    ``test_accuracy``, ``run_id``). After round r: the first training on a label-QA output
+    whose newest round is r (the model trained on that round's labels, before the next);
+    before reviews: the last training on an output with none."""
+    last_round = {p["key"]: int(p["last_round"]) for p in published}
+    runs = sorted((t for t in trainings if t.get("labelqa_key") in last_round
+                   and t.get("test_accuracy") is not None), key=lambda t: t["start"])
+    after: dict[int, dict[str, Any]] = {}
+    before = None
+    for t in runs:
+        r = last_round[t["labelqa_key"]]
+        row = {"test_accuracy": round(float(t["test_accuracy"]), 4), "training_run": t["run_id"]}
+        if r == 0:
+            before = row
+        else:
+            after.setdefault(r, row)
+    return after, before

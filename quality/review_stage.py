@@ -29,11 +29,12 @@ import time
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pandas as pd
 
 from core import labeling_auth, runs, stage, stages
 from core.config import PipelineConfig
-from quality import review
+from quality import review, unlabeled
 from quality.labelqa import LS_FROM, label_studio_config, label_studio_tasks
 from quality.labelstudio import Client, LabelStudioError
 
@@ -108,6 +109,37 @@ def push(cfg: PipelineConfig, client: Client, queue: pd.DataFrame, classes: list
     return stats, sent
 
 
+def unlabeled_rows(queue: pd.DataFrame) -> pd.Series:
+    """Which queue rows are messages without a label (label QA appends them after the suspects)."""
+    return (queue.given_label.astype(str) == "") & queue.reason.astype(str).str.startswith("no label")
+
+
+def prelabel_with_champion(cfg: PipelineConfig, queue: pd.DataFrame, version: str | None,
+                           why: str) -> tuple[pd.DataFrame, dict[str, Any]]:
+    """The queue with the champion's suggestion, confidence-based score and reason on its
+    unlabeled rows (``labeling.prelabel: champion`` and a champion with the run's labels);
+    unchanged otherwise. Returns what suggested them."""
+    mask = unlabeled_rows(queue)
+    info: dict[str, Any] = {"unlabeled_items": int(mask.sum()), "model": "label QA's text classifier"}
+    if not mask.any():
+        return queue, info
+    if cfg.labeling.prelabel != "champion" or version is None:
+        info["why"] = "labeling.prelabel is labelqa" if cfg.labeling.prelabel != "champion" else why
+        return queue, info
+    labels, conf = unlabeled.champion_prelabel(cfg, version, queue.loc[mask, "text"].astype(str).tolist())
+    q = queue.copy()
+    q.loc[mask, "suggested_label"] = labels
+    q.loc[mask, "score"] = np.round(1.0 - conf, 6)
+    q["suggested_by"] = ""
+    q.loc[mask, "suggested_by"] = f"{cfg.training.registered_model}-v{version}"
+    q.loc[mask, "reason"] = [f"no label: champion v{version} suggests {lab} ({c:.0%} sure)"
+                             for lab, c in zip(labels, conf, strict=True)]
+    info |= {"model": why, "champion_version": version,
+             "changed_suggestions": int((queue.loc[mask, "suggested_label"].astype(str).to_numpy()
+                                         != np.asarray(labels, dtype=str)).sum())}
+    return q, info
+
+
 def run(cfg: PipelineConfig, run_id: str) -> stage.StageResult:
     client, conn = connect(cfg)
     try:
@@ -116,17 +148,25 @@ def run(cfg: PipelineConfig, run_id: str) -> stage.StageResult:
         raise stage.StageSkipped(f"review skipped: label QA published nothing for this run ({exc})") from None
     classes = runs.run_labels(cfg.lake, run_id)
     inputs = {"labelqa": {"key": qa.manifest["key"]}}
+    # Unlabeled messages in the queue are pre-labeled by the champion when there is one: a
+    # new champion is a new push (its suggestions reach the items not sent yet).
+    version, why = None, ""
+    if cfg.labeling.prelabel == "champion" and unlabeled_rows(read_queue(Path(qa.path))).any():
+        version, why = unlabeled.champion_for(cfg, classes)
+        if version:
+            inputs["prelabel_champion"] = {"version": version}
     # The same label-QA output, settings and server: a cache hit, no new round. The next
     # round goes out when reviews came back (a pull changes label QA's key) or the queue changed.
     stage_cfg = {"labeling": cfg.labeling.model_dump(), "label_studio": conn.url}
 
     def work(out: Path) -> dict[str, Any]:
-        queue = read_queue(Path(qa.path))
+        queue, prelabel = prelabel_with_champion(cfg, read_queue(Path(qa.path)), version, why)
         with client:
             if not client.health():
                 raise LabelStudioError(f"Label Studio at {conn.url} is not answering (/health); the "
                                        f"queue stays in {qa.path}")
             stats, sent = push(cfg, client, queue, classes, _class_counts(Path(qa.path)), run_id)
+        stats["prelabel"] = prelabel
         sent.to_csv(out / "sent.csv", index=False)
         (out / "push.json").write_text(json.dumps(stats, indent=2))
         log.info("review: round %s, %d items sent to %s project %s; %d already there, %d already "

@@ -398,15 +398,16 @@ def test_agreement_counts_independent_annotators_only():
 # --------------------------------------------------------------------------- the stage
 
 
-def _fake_desensitize(lake, run_id: str, items: pd.DataFrame, unlabeled: pd.DataFrame | None = None) -> None:
+def _fake_desensitize(lake, run_id: str, items: pd.DataFrame, unlabeled: pd.DataFrame | None = None,
+                      classes: list[str] = CLASSES) -> None:
     """Publish a clean output with the run's label set and a desensitize output for
     `run_id` through the stage framework (what the Spark jobs do), so the label-QA stage
     has real upstreams to read."""
     def labels(out):
-        (out / "labels.json").write_text(json.dumps(CLASSES))
+        (out / "labels.json").write_text(json.dumps(classes))
         return {}
 
-    stage.run_stage("clean", lake, {"test": len(CLASSES)}, {}, "test", labels, run_id)
+    stage.run_stage("clean", lake, {"test": len(classes), "classes": classes}, {}, "test", labels, run_id)
 
     def work(out):
         kept = items if "label_conflict" in items else items.assign(

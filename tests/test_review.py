@@ -118,6 +118,13 @@ def test_push_rounds_pull_and_the_next_label_qa_applies_the_reviews(tmp_path, ls
     assert stored.reviewer.str.fullmatch(r"reviewer:[0-9a-f]{16}").all()
     assert not stored.reviewer.isin([str(r1), str(r2), "rev-one@intentops.local"]).any()
 
+    # The model trained on the first label-QA output (before any review), as the train
+    # stage tags its MLflow run: the next report quotes its accuracy as the baseline.
+    from core import tracking
+
+    tracking.log_stage_run(cfg, cfg.training.experiment, f"train-of-{qa1.key}", "train-r1", params={},
+                           metrics={"test_accuracy": 0.61}, tags={"intentops.data.labelqa_key": qa1.key},
+                           artifacts=[])
     # The next label-QA run: a new key (the reviewer source changed), the reviews applied.
     qa3 = _qa(cfg, "r3", items)
     assert qa3.key != qa1.key and not qa3.cache_hit
@@ -133,7 +140,10 @@ def test_push_rounds_pull_and_the_next_label_qa_applies_the_reviews(tmp_path, ls
     assert not any(a["annotator"].startswith("reviewer:") for a in m["agreement"].get("per_annotator") or [])
     q3 = pd.read_csv(f"{qa3.path}/relabel_queue.csv", dtype={"record_id": str}).set_index("record_id")
     assert fix not in q3.index and tie in q3.index and "reviewers disagree" in q3.reason[tie]
-    assert "Review rounds" in Path(qa3.path, "qa_report.html").read_text()
+    assert rv["model_test_accuracy_before_reviews"] == 0.61
+    assert all(x["model_test_accuracy_after"] is None for x in rv["rounds"])  # not trained yet
+    report = Path(qa3.path, "qa_report.html").read_text()
+    assert "Review rounds" in report and "model_test_accuracy_after" in report and "0.61" in report
 
     # Round 3 after the reviews: the deleted, never-reviewed task is sent again; nothing
     # reviewed is, even the one whose task was deleted after its review.
@@ -274,3 +284,18 @@ def test_queue_rows_without_consensus_or_suggestion_become_valid_json_tasks(tmp_
     tasks = label_studio_tasks(review_stage.read_queue(tmp_path))
     json.dumps(tasks, allow_nan=False)  # what the import sends: no NaN anywhere
     assert "predictions" in tasks[0] and "predictions" not in tasks[1]
+
+
+def test_accuracy_after_each_round_is_the_first_training_on_its_labels():
+    published = [{"key": "k0", "last_round": 0}, {"key": "k0b", "last_round": 0},
+                 {"key": "k1", "last_round": 1}, {"key": "k1b", "last_round": 1}, {"key": "k2", "last_round": 2}]
+    trainings = [{"labelqa_key": "k0", "start": 1, "test_accuracy": 0.70, "run_id": "a"},
+                 {"labelqa_key": "k0b", "start": 2, "test_accuracy": 0.71, "run_id": "b"},
+                 {"labelqa_key": "k1", "start": 3, "test_accuracy": 0.74, "run_id": "c"},
+                 {"labelqa_key": "k1b", "start": 4, "test_accuracy": 0.90, "run_id": "d"},  # a later retrain
+                 {"labelqa_key": "k2", "start": 5, "test_accuracy": None, "run_id": "e"},  # failed before test
+                 {"labelqa_key": "other", "start": 6, "test_accuracy": 0.99, "run_id": "f"}]
+    after, before = review.accuracy_after_rounds(published, trainings)
+    assert before == {"test_accuracy": 0.71, "training_run": "b"}  # the last model before any review
+    assert after == {1: {"test_accuracy": 0.74, "training_run": "c"}}  # round 2's model: none yet
+    assert review.accuracy_after_rounds([], trainings) == ({}, None)
