@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import random
 import shutil
+import time
 import uuid
 from pathlib import Path
 
@@ -210,6 +211,48 @@ def test_stable_that_dies_during_a_rollout_is_restarted(registry):
         killer.join()
     assert any("restarted" in e["event"] for e in r["events"]), r["events"]
     assert r["decision"] in ("promoted", "rolled_back")
+    dep.stop()
+
+
+def test_canary_killed_mid_rollout_is_rolled_back_and_clients_see_no_failure(registry):
+    """A canary server SIGKILLed while it takes traffic: the router retries its share on
+    stable (no client sees a failure), the controller rolls back saying why, the champion
+    stays, and stable serves on."""
+    import os
+    import signal
+    import threading
+
+    reg = registry
+    dep = Deployment(reg["cfg"]())
+    dep.stop()
+    v1 = reg["add"]()
+    assert roll(reg, v1)["decision"] == "promoted"
+    v2 = reg["add"]()
+    rollout_over, killed = threading.Event(), []
+
+    def kill_canary():
+        while not rollout_over.wait(0.2):
+            canary = dep.state().get("canary")
+            if canary and psutil.pid_exists(canary["pid"]):
+                time.sleep(1.0)  # under way: the router has sent it traffic
+                if not rollout_over.is_set() and "deploy.server" in " ".join(psutil.Process(canary["pid"]).cmdline()):
+                    os.kill(canary["pid"], signal.SIGKILL)
+                    killed.append(canary["pid"])
+                return
+
+    killer = threading.Thread(target=kill_canary, daemon=True)
+    killer.start()
+    try:
+        r = roll(reg, v2)
+    finally:
+        rollout_over.set()
+        killer.join()
+    assert killed, "the rollout ended before the canary could be killed"
+    assert r["decision"] == "rolled_back" and "canary server exited" in r["reason"], r["reason"]
+    assert r["client_failures"] == 0, r
+    assert aliases(reg)["champion"] == v1
+    assert dep.state()["canary"] is None
+    assert predict(dep, "my card has not arrived").json()["model_version"] == v1
     dep.stop()
 
 
