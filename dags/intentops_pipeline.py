@@ -151,6 +151,10 @@ def python_stage(stage: Stage):
         from core.runs import load_run_config
         from core.stage import StageDeferred, StageSkipped, StageVerdict
 
+        if config_path is None:
+            # resolve_config was skipped (no new data) or failed: a stage that runs whatever
+            # its upstreams did (review: all_done) has no run to work on.
+            raise AirflowSkipException(f"{name}: no run config (resolve_config was skipped or failed)")
         # Who moves an alias (promotion, registration): recorded in the alias history.
         os.environ["INTENTOPS_ACTOR"] = f"airflow:intentops_pipeline/{run_id}"
         st = stages.get(name)
