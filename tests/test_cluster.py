@@ -155,7 +155,9 @@ def test_a_rest_triggered_run_promotes_a_model_on_the_cluster(cluster, api):
     workers, the model registered in MLflow on Postgres and promoted by the canary. The
     Celery worker running the train task is SIGKILLed mid-task: once the scheduler notices
     the missing heartbeat the task is retried on the other worker, and the stage's atomic
-    publish leaves no partial output of the killed attempt."""
+    publish leaves no partial output of the killed attempt. The MLflow server is killed
+    before registration (the register task is retried once it is back: one version), and
+    the scheduler is killed during export and started again (the run goes on)."""
     import httpx
     from mlflow.tracking import MlflowClient
 
@@ -177,11 +179,44 @@ def test_a_rest_triggered_run_promotes_a_model_on_the_cluster(cluster, api):
     assert victim, "the train task never ran on a Celery worker"
     state = json.loads((root / "state.json").read_text())
     os.killpg(os.getpgid(state[victim]["pid"]), signal.SIGKILL)  # the worker and its task processes
+
+    def task(name: str) -> dict:
+        return api("GET", f"/dags/{DAG}/dagRuns/{run}/taskInstances/{name}")
+
+    def wait_for(name: str, states: tuple[str, ...], timeout: float = 1800) -> dict:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            ti = task(name)
+            if ti["state"] in states:
+                return ti
+            time.sleep(1)
+        raise AssertionError(f"{name} never reached {states}: {task(name)}")
+
+    def kill(name: str) -> None:
+        rec = json.loads((root / "state.json").read_text())[name]
+        os.killpg(os.getpgid(rec["pid"]), signal.SIGKILL)
+
+    def restart(expected: str) -> None:
+        again = _cli(env, "cluster-up")  # starts what died, nothing else
+        assert again.returncode == 0, again.stderr[-3000:]
+        assert expected in _json_tail(again.stdout)["started"], again.stdout[-2000:]
+
+    # The MLflow server dies as the model is to be registered: the register task fails,
+    # is retried once the server is back, and registers one version, not two.
+    assert wait_for("train", ("success", "failed", "upstream_failed"))["state"] == "success"
+    assert task("train")["try_number"] >= 2  # the killed attempt failed; a retry ran on the other worker
+    kill("mlflow")
+    wait_for("register", ("up_for_retry", "failed", "success"))
+    restart("mlflow")
+    # The scheduler is killed while export runs and started again: the run goes on.
+    wait_for("export", ("running", "success", "failed"))
+    kill("scheduler")
+    time.sleep(5)
+    restart("scheduler")
     done = api.wait_runs([run], timeout=2400)[run]
     states = api.task_states(run)
     assert done["state"] == "success", states
-    ti = api("GET", f"/dags/{DAG}/dagRuns/{run}/taskInstances/train")
-    assert ti["try_number"] >= 2, ti  # the killed attempt failed; a retry ran on the other worker
+    assert task("register")["try_number"] >= 2, task("register")
     lake = root / "data" / "lake" / "banking77" / "train"
     published = [d for d in lake.iterdir() if d.is_dir() and not d.name.startswith(".")]
     assert published and all((d / "_MANIFEST.json").exists() for d in published), published
@@ -194,6 +229,7 @@ def test_a_rest_triggered_run_promotes_a_model_on_the_cluster(cluster, api):
     client = MlflowClient(info["mlflow"]["url"])
     champion = client.get_model_version_by_alias("intentops-banking77", "champion")
     assert champion.version == "1"
+    assert [v.version for v in client.search_model_versions("name='intentops-banking77'")] == ["1"]
 
 
 def test_a_spark_worker_killed_mid_stage_leaves_the_output_identical(cluster):
