@@ -150,6 +150,7 @@ def _worker_running(root: Path, ti_id: str) -> str | None:
     return None
 
 
+@pytest.mark.timeout(2700)  # a whole run, with a worker, the registry and the scheduler killed in it
 def test_a_rest_triggered_run_promotes_a_model_on_the_cluster(cluster, api):
     """The unchanged DAG: Spark stages on the standalone cluster, tasks on the Celery
     workers, the model registered in MLflow on Postgres and promoted by the canary. The
