@@ -44,7 +44,10 @@ from ops.airflow_api import AirflowApi  # noqa: E402
 DAG = "intentops_pipeline"
 GATES = {"INTENTOPS__TRAINING__MIN_FUNCTIONALITY": "0", "INTENTOPS__TRAINING__MIN_INVARIANCE": "0",
          "INTENTOPS__EXPORT__MIN_AGREEMENT": "0.95", "INTENTOPS__DEPLOY__MIN_REQUESTS": "15",
-         "INTENTOPS__DEPLOY__MIN_PROBES": "15", "INTENTOPS__DEPLOY__POLL_SECONDS": "0.5"}
+         "INTENTOPS__DEPLOY__MIN_PROBES": "15", "INTENTOPS__DEPLOY__POLL_SECONDS": "0.5",
+         # No reviewer works here: the review_pull sensor polls once instead of holding the
+         # local shape's run 5 minutes (the cluster shape has no Label Studio and skips it).
+         "INTENTOPS__LABELING__PULL_WAIT_MINUTES": "0"}
 
 
 def _cli(env: dict[str, str], *args: str) -> dict:
@@ -102,6 +105,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="intentops-shapes-") as tmp:
         tmp = Path(tmp)
+        tmp.chmod(0o755)  # the cluster's Postgres runs as the postgres user and must reach its data
         subprocess.run([sys.executable, "-m", "demo.builder", "--out", str(tmp / "raw"), "--rows", str(args.rows),
                         "--seed", "5", "--format", "csv"], cwd=ROOT, check=True, capture_output=True, timeout=900)
         conf = {"input_path": str(tmp / "raw" / "raw.csv"), "model": "small", "epochs": 1,
