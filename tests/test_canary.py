@@ -175,6 +175,39 @@ def test_rollouts_promote_good_versions_and_roll_back_bad_ones(registry):
     assert not any(psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE for p in pids)
 
 
+def _roll_and_kill(reg, dep, version, which: str, settle: float = 0.0) -> tuple[dict, list[int]]:
+    """Roll ``version`` out and SIGKILL the ``which`` server ("stable" or "canary") once the
+    rollout is under way (the canary is up, then ``settle`` seconds): not after a fixed
+    delay (on a loaded machine fetching the build can take longer than any delay) and never
+    after the rollout (pids are reused: a late kill could hit another process)."""
+    import os
+    import signal
+    import threading
+
+    rollout_over, killed = threading.Event(), []
+
+    def kill():
+        while not rollout_over.wait(0.2):
+            state = dep.state()
+            if state.get("canary"):
+                time.sleep(settle)
+                pid = (dep.state().get(which) or {}).get("pid")
+                if (not rollout_over.is_set() and pid and psutil.pid_exists(pid)
+                        and "deploy.server" in " ".join(psutil.Process(pid).cmdline())):
+                    os.kill(pid, signal.SIGKILL)
+                    killed.append(pid)
+                return
+
+    killer = threading.Thread(target=kill, daemon=True)
+    killer.start()
+    try:
+        result = roll(reg, version)
+    finally:
+        rollout_over.set()
+        killer.join()
+    return result, killed
+
+
 def test_stable_that_dies_during_a_rollout_is_restarted(registry):
     reg = registry
     dep = Deployment(reg["cfg"]())
@@ -182,33 +215,8 @@ def test_stable_that_dies_during_a_rollout_is_restarted(registry):
     v1 = reg["add"]()
     r1 = roll(reg, v1)
     assert r1["decision"] == "promoted", r1["reason"]
-    old_pid = dep.state()["stable"]["pid"]
-    v2 = reg["add"]()
-    import threading
-
-    rollout_over = threading.Event()
-
-    def kill_stable():
-        import os
-        import signal
-
-        # Kill it once the rollout is under way (the canary is up), not after a fixed
-        # delay: on a loaded machine fetching the build can take longer than any delay,
-        # and the controller's start-up check would then restart stable silently. Never
-        # after the rollout: pids are reused, and a late kill could hit another process.
-        while not rollout_over.wait(0.2):
-            if dep.state().get("canary"):
-                if psutil.pid_exists(old_pid) and "deploy.server" in " ".join(psutil.Process(old_pid).cmdline()):
-                    os.kill(old_pid, signal.SIGKILL)
-                return
-
-    killer = threading.Thread(target=kill_stable, daemon=True)
-    killer.start()
-    try:
-        r = roll(reg, v2)
-    finally:
-        rollout_over.set()
-        killer.join()
+    r, killed = _roll_and_kill(reg, dep, reg["add"](), "stable")
+    assert killed, "the rollout ended before stable could be killed"
     assert any("restarted" in e["event"] for e in r["events"]), r["events"]
     assert r["decision"] in ("promoted", "rolled_back")
     dep.stop()
@@ -218,35 +226,12 @@ def test_canary_killed_mid_rollout_is_rolled_back_and_clients_see_no_failure(reg
     """A canary server SIGKILLed while it takes traffic: the router retries its share on
     stable (no client sees a failure), the controller rolls back saying why, the champion
     stays, and stable serves on."""
-    import os
-    import signal
-    import threading
-
     reg = registry
     dep = Deployment(reg["cfg"]())
     dep.stop()
     v1 = reg["add"]()
     assert roll(reg, v1)["decision"] == "promoted"
-    v2 = reg["add"]()
-    rollout_over, killed = threading.Event(), []
-
-    def kill_canary():
-        while not rollout_over.wait(0.2):
-            canary = dep.state().get("canary")
-            if canary and psutil.pid_exists(canary["pid"]):
-                time.sleep(1.0)  # under way: the router has sent it traffic
-                if not rollout_over.is_set() and "deploy.server" in " ".join(psutil.Process(canary["pid"]).cmdline()):
-                    os.kill(canary["pid"], signal.SIGKILL)
-                    killed.append(canary["pid"])
-                return
-
-    killer = threading.Thread(target=kill_canary, daemon=True)
-    killer.start()
-    try:
-        r = roll(reg, v2)
-    finally:
-        rollout_over.set()
-        killer.join()
+    r, killed = _roll_and_kill(reg, dep, reg["add"](), "canary", settle=1.0)  # 1 s: it has taken traffic
     assert killed, "the rollout ended before the canary could be killed"
     assert r["decision"] == "rolled_back" and "canary server exited" in r["reason"], r["reason"]
     assert r["client_failures"] == 0, r
