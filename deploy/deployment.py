@@ -29,7 +29,6 @@ import secrets
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -63,45 +62,6 @@ def _free_port(host: str) -> int:
     with socket.socket() as s:
         s.bind((host, 0))
         return s.getsockname()[1]
-
-
-def fetch_int8_build(cfg: PipelineConfig, name: str, version: str) -> Path:
-    """A registered version's int8 ONNX build, downloaded once into the deployment's
-    ``builds/v<version>`` (what the model servers load; the review push's pre-labeling
-    reads the same copy). Refuses a version without a build or whose build failed its gate."""
-    from core import tracking
-
-    dst = cfg.deploy_dir / "builds" / f"v{version}"
-    if (dst / "model.onnx").exists():
-        return dst
-    dst.parent.mkdir(parents=True, exist_ok=True)
-    client = tracking.mlflow_client(cfg)
-    mv = client.get_model_version(name, version)
-    status = mv.tags.get("intentops.onnx.int8.status")
-    if status is None:
-        raise DeployError(f"{name} v{version} has no int8 build attached (no export); not deploying it")
-    if status != "passed":
-        raise DeployError(f"{name} v{version}: its int8 build failed its checks "
-                          f"({mv.tags.get('intentops.onnx.int8.reason', 'no reason recorded')}); "
-                          f"a failed build is never deployed")
-    import mlflow
-
-    from deploy.server import resolve_source
-    from export.runtime import resolve_build
-
-    mlflow.set_tracking_uri(tracking.tracking_uri(cfg))
-    with tempfile.TemporaryDirectory(dir=dst.parent) as tmp:
-        folder, _ = resolve_source(None, mv.tags["intentops.onnx.int8.model_uri"], Path(tmp))
-        files = resolve_build(folder)
-        part = Path(tmp) / "build"
-        part.mkdir()
-        for name_, path in files.items():
-            (part / name_).write_bytes(Path(path).read_bytes())
-        pre = json.loads((part / "preprocessing.json").read_text())  # the server reports it
-        pre |= {"model_version": str(version), "registered_model": name}
-        (part / "preprocessing.json").write_text(json.dumps(pre, indent=2))
-        os.replace(part, dst)
-    return dst
 
 
 class Deployment:
@@ -479,8 +439,15 @@ class Deployment:
     # -- builds from the registry --------------------------------------------------------
 
     def fetch_build(self, name: str, version: str) -> Path:
-        """The version's int8 build, downloaded once; refuses a build that failed its gate."""
-        return fetch_int8_build(self.cfg, name, version)
+        """The version's int8 build, downloaded once into ``builds/v<version>``; refuses a
+        version without a build or whose build failed its gate."""
+        from export.registry import fetch_int8_build
+        from export.runtime import BuildError
+
+        try:
+            return fetch_int8_build(self.cfg, name, version)
+        except BuildError as exc:
+            raise DeployError(str(exc)) from None
 
     # -- operations ---------------------------------------------------------------------
 

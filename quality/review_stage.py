@@ -34,7 +34,7 @@ import pandas as pd
 
 from core import labeling_auth, runs, stage, stages
 from core.config import PipelineConfig
-from quality import review, unlabeled
+from quality import prelabel, review
 from quality.labelqa import LS_FROM, label_studio_config, label_studio_tasks
 from quality.labelstudio import Client, LabelStudioError
 
@@ -126,7 +126,7 @@ def prelabel_with_champion(cfg: PipelineConfig, queue: pd.DataFrame, version: st
     if cfg.labeling.prelabel != "champion" or version is None:
         info["why"] = "labeling.prelabel is labelqa" if cfg.labeling.prelabel != "champion" else why
         return queue, info
-    labels, conf = unlabeled.champion_prelabel(cfg, version, queue.loc[mask, "text"].astype(str).tolist())
+    labels, conf = prelabel.champion_prelabel(cfg, version, queue.loc[mask, "text"].astype(str).tolist())
     q = queue.copy()
     q.loc[mask, "suggested_label"] = labels
     q.loc[mask, "score"] = np.round(1.0 - conf, 6)
@@ -152,7 +152,7 @@ def run(cfg: PipelineConfig, run_id: str) -> stage.StageResult:
     # new champion is a new push (its suggestions reach the items not sent yet).
     version, why = None, ""
     if cfg.labeling.prelabel == "champion" and unlabeled_rows(read_queue(Path(qa.path))).any():
-        version, why = unlabeled.champion_for(cfg, classes)
+        version, why = prelabel.champion_for(cfg, classes)
         if version:
             inputs["prelabel_champion"] = {"version": version}
     # The same label-QA output, settings and server: a cache hit, no new round. The next
@@ -160,13 +160,13 @@ def run(cfg: PipelineConfig, run_id: str) -> stage.StageResult:
     stage_cfg = {"labeling": cfg.labeling.model_dump(), "label_studio": conn.url}
 
     def work(out: Path) -> dict[str, Any]:
-        queue, prelabel = prelabel_with_champion(cfg, read_queue(Path(qa.path)), version, why)
+        queue, suggested = prelabel_with_champion(cfg, read_queue(Path(qa.path)), version, why)
         with client:
             if not client.health():
                 raise LabelStudioError(f"Label Studio at {conn.url} is not answering (/health); the "
                                        f"queue stays in {qa.path}")
             stats, sent = push(cfg, client, queue, classes, _class_counts(Path(qa.path)), run_id)
-        stats["prelabel"] = prelabel
+        stats["prelabel"] = suggested
         sent.to_csv(out / "sent.csv", index=False)
         (out / "push.json").write_text(json.dumps(stats, indent=2))
         log.info("review: round %s, %d items sent to %s project %s; %d already there, %d already "

@@ -21,7 +21,7 @@ desensitize masks it like every other message. Label QA then
 Label QA pre-labels with its own classifier: it exists on the first run and sees the same
 masked text. When the queue goes to Label Studio (the review push), the registry's
 champion, when there is one with the run's label set (``labeling.prelabel: champion``),
-pre-labels these messages again with its int8 build (``champion_prelabel``): its
+pre-labels these messages again with its int8 build (``quality/prelabel.py``): its
 suggestion and confidence replace the classifier's, and the uncertainty order follows.
 The push records which model suggested; a new champion changes the push's key, so its
 suggestions reach the items not yet sent. Training never depends on who suggested.
@@ -31,7 +31,6 @@ label) in label QA's folder.
 
 from __future__ import annotations
 
-import json
 import warnings
 from pathlib import Path
 from typing import Any
@@ -40,7 +39,7 @@ import numpy as np
 import pandas as pd
 
 import textnorm
-from core.config import LabelQAConfig, PipelineConfig
+from core.config import LabelQAConfig
 
 COLUMNS = ["record_id", "text", "suggested_label", "confidence", "reviewed_label"]
 
@@ -129,36 +128,3 @@ def reviewed_rows(prepared: pd.DataFrame, curated: pd.DataFrame) -> pd.DataFrame
     })
     return pd.concat([curated, new[[c for c in curated.columns if c in new.columns]]], ignore_index=True)
 
-
-# --------------------------------------------------------------------------- the champion
-
-
-def champion_for(cfg: PipelineConfig, classes: list[str]) -> tuple[str | None, str]:
-    """(champion version, why) when it may pre-label this run's messages: it exists, its
-    int8 build passed its gate, and its labels are the run's; (None, why not) otherwise."""
-    from core import tracking
-
-    name = cfg.training.registered_model
-    try:
-        mv = tracking.mlflow_client(cfg).get_model_version_by_alias(name, "champion")
-    except Exception as exc:  # no model or no alias yet: the first runs
-        return None, f"{name} has no champion ({type(exc).__name__})"
-    if mv.tags.get("intentops.onnx.int8.status") != "passed":
-        return None, f"{name} v{mv.version} has no int8 build that passed its gate"
-    labels = mv.tags.get("intentops.labels")
-    if labels is None or sorted(json.loads(labels)) != sorted(classes):
-        return None, f"{name} v{mv.version} was trained on another label set"
-    return str(mv.version), f"{name} v{mv.version} (int8 ONNX build)"
-
-
-def champion_prelabel(cfg: PipelineConfig, version: str, texts: list[str]) -> tuple[list[str], np.ndarray]:
-    """The champion's (label, probability) per masked text, from its int8 build (the copy
-    the model servers load)."""
-    from deploy.deployment import fetch_int8_build
-    from export.runtime import OnnxClassifier
-
-    build = fetch_int8_build(cfg, cfg.training.registered_model, version)
-    # One message per call: int8 activations are quantized per batch, so a message's
-    # confidence would otherwise depend on which messages share its batch.
-    labels, scores = OnnxClassifier(build, threads=1).predict(texts, batch_size=1)
-    return labels, np.asarray(scores, dtype=float)

@@ -84,7 +84,7 @@ def test_the_champion_prelabels_unlabeled_messages_in_the_tasks_the_push_sends(
 
     from export import task as export_task
     from export.runtime import OnnxClassifier
-    from quality import review_stage, unlabeled
+    from quality import prelabel, review_stage
     from quality.labelstudio import Client
 
     url, creds = label_studio
@@ -130,9 +130,9 @@ def test_the_champion_prelabels_unlabeled_messages_in_the_tasks_the_push_sends(
     unl = unl[unl.record_id.isin(truth)]
     assert len(truth) > 100
 
-    assert unlabeled.champion_for(cfg, classes)[0] is None  # no champion yet
+    assert prelabel.champion_for(cfg, classes)[0] is None  # no champion yet
     v1 = register(classes)
-    assert unlabeled.champion_for(cfg, classes) == (v1, f"{name} v{v1} (int8 ONNX build)")
+    assert prelabel.champion_for(cfg, classes) == (v1, f"{name} v{v1} (int8 ONNX build)")
     first = review_stage.run(cfg, "r1")
     stats = first.manifest["stats"]
     assert stats["prelabel"]["champion_version"] == v1 and first.manifest["inputs"]["prelabel_champion"] == {"version": v1}
@@ -157,9 +157,9 @@ def test_the_champion_prelabels_unlabeled_messages_in_the_tasks_the_push_sends(
     # push (the key follows the champion) that keeps label QA's suggestion and says why.
     assert review_stage.run(cfg, "r1").cache_hit
     v2 = register(classes[:-1])
-    assert unlabeled.champion_for(cfg, classes) == (None, f"{name} v{v2} was trained on another label set")
+    assert prelabel.champion_for(cfg, classes) == (None, f"{name} v{v2} was trained on another label set")
     q, info = review_stage.prelabel_with_champion(cfg, review_stage.read_queue(Path(qa.path)), None,
-                                                  unlabeled.champion_for(cfg, classes)[1])
+                                                  prelabel.champion_for(cfg, classes)[1])
     assert info["model"] == "label QA's text classifier" and "another label set" in info["why"]
     assert q.set_index("record_id").suggested_label[list(truth)].tolist() == before.suggested_label[list(truth)].tolist()
     # labeling.prelabel: labelqa never asks the registry.
