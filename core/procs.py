@@ -11,8 +11,13 @@ from __future__ import annotations
 
 from typing import Any
 
-# psutil rounds start times to the clock tick; a second covers that and nothing else.
-_START_TOLERANCE_S = 1.0
+# psutil's start time is the boot time plus the process's start ticks, and the boot time
+# is /proc/stat's `btime`: whole seconds the kernel derives from the wall clock at each
+# read, so a clock slewed or stepped since the record was written moves it by a second or
+# more, and a 1 s tolerance took a live process for another (after an e2e module, `deploy
+# stop` left a router and a server running: the suspected cause, not proven). A reused pid
+# cannot start within seconds of the recorded start (the pid space would have to wrap).
+_START_TOLERANCE_S = 5.0
 
 
 def start_time(pid: int) -> float:
