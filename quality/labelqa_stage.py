@@ -148,8 +148,9 @@ def _accuracy_after_rounds(cfg: PipelineConfig) -> tuple[dict[int, dict[str, Any
     exp = client.get_experiment_by_name(cfg.training.experiment)
     if exp is None:
         return {}, None
+    # the newest 1,000 trainings (the rounds a report shows are recent ones)
     found = client.search_runs([exp.experiment_id], filter_string="tags.`intentops.data.labelqa_key` != ''",
-                               max_results=1000, order_by=["attributes.start_time ASC"])
+                               max_results=1000, order_by=["attributes.start_time DESC"])
     trainings = [{"labelqa_key": r.data.tags.get("intentops.data.labelqa_key"), "start": r.info.start_time,
                   "test_accuracy": r.data.metrics.get("test_accuracy"), "run_id": r.info.run_id} for r in found]
     return review.accuracy_after_rounds(published, trainings)
