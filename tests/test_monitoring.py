@@ -309,3 +309,36 @@ def test_a_drift_check_pushed_to_the_gateway_raises_the_drift_alert(monitoring, 
     text = httpx.get(f"{ports.url('pushgateway')}/metrics").text
     assert ('intentops_drift_detected{dataset="drifttest",instance="",job="intentops-monitoring",'
             'status="too_little_traffic"} 0') in text
+
+
+def test_training_pushes_gpu_figures_read_through_nvml(monitoring, monkeypatch):
+    """Where a GPU driver exists, training's push carries NVML's utilization and memory
+    (the GPU-underused alert's input). This machine has no GPU, so the NVML module is a
+    stand-in with NVML's call signatures; the push and the gateway are real. Without the
+    module the two gauges are left out, never zero."""
+    import types
+
+    from core import pushmetrics
+
+    ports = monitoring["ports"]
+    monkeypatch.setenv("INTENTOPS_PUSHGATEWAY_URL", ports.url("pushgateway"))
+    fake = types.ModuleType("pynvml")
+    fake.nvmlInit = lambda: None
+    fake.nvmlDeviceGetHandleByIndex = lambda i: ("gpu", i)
+    fake.nvmlDeviceGetUtilizationRates = lambda h: types.SimpleNamespace(gpu=37, memory=12)
+    fake.nvmlDeviceGetMemoryInfo = lambda h: types.SimpleNamespace(used=3 * 2**30, total=16 * 2**30)
+    monkeypatch.setitem(sys.modules, "pynvml", fake)
+    assert pushmetrics._gpu() == (0.37, float(3 * 2**30))
+    assert pushmetrics.training("gpu-probe", 120.0, 0.5, 1.2, every_s=0.0)
+    text = httpx.get(f"{ports.url('pushgateway')}/metrics").text
+    util = [ln for ln in text.splitlines() if ln.startswith("intentops_training_gpu_utilization{") and 'run="gpu-probe"' in ln]
+    mem = [ln for ln in text.splitlines() if ln.startswith("intentops_training_gpu_memory_bytes{") and 'run="gpu-probe"' in ln]
+    assert util and float(util[0].rsplit(" ", 1)[1]) == 0.37, util
+    assert mem and float(mem[0].rsplit(" ", 1)[1]) == 3 * 2**30, mem
+    # No NVML (this machine, or a driver that fails to load): the gauges are absent.
+    monkeypatch.setitem(sys.modules, "pynvml", None)
+    assert pushmetrics._gpu() == (None, None)
+    assert pushmetrics.training("gpu-probe-cpu", 120.0, 0.5, 1.2, every_s=0.0)
+    text = httpx.get(f"{ports.url('pushgateway')}/metrics").text
+    assert not [ln for ln in text.splitlines() if "gpu" in ln.split("{")[0] and 'run="gpu-probe-cpu"' in ln]
+    assert [ln for ln in text.splitlines() if ln.startswith("intentops_training_loss{") and 'run="gpu-probe-cpu"' in ln]
