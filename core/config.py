@@ -360,7 +360,15 @@ class TrainingConfig(_Section):
     # nodes take part; a lost node triggers a re-rendezvous and the survivors resume from
     # the last checkpoint at the smaller world size (training/state.py, resize).
     nnodes: int | str = Field(1, description="Nodes: N, or an elastic range MIN:MAX")
+    # Empty (the default): the DAG starts nodes 1..MAX-1 as `train_node` tasks on the
+    # training queue (pool intentops_training_nodes), and the train task's launcher hosts
+    # the c10d rendezvous on a free port of its worker (INTENTOPS_NODE_ADDR, else the host
+    # name). Set (host:port): launchers started outside the DAG join this rendezvous.
     rdzv_endpoint: str = ""
+    # How long a launcher waits at the rendezvous for the other nodes, and how long a
+    # train_node task waits for the train task's launch plan (or its retry's).
+    rdzv_join_timeout_seconds: float = Field(600.0, gt=0, le=86400)
+    node_wait_seconds: float = Field(900.0, gt=0, le=86400)
     # torchrun restarts the group this often after a worker dies; each restart (and each
     # Airflow retry) resumes from the newest checkpoint.
     max_restarts: int = Field(1, ge=0)

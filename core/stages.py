@@ -89,9 +89,13 @@ def _resolve(ref: str) -> Callable[..., Any]:
 
 # Airflow pools per resource: created by `make demo` / `make up` (POOLS: name, slots, what).
 SPARK_POOL, TRAINING_POOL, REGISTRY_POOL = "intentops_spark", "intentops_training", "intentops_registry"
+TRAINING_NODES_POOL = "intentops_training_nodes"
 POOLS: tuple[tuple[str, int, str], ...] = (
     (SPARK_POOL, 1, "Spark jobs (spark-submit slots)"),
     (TRAINING_POOL, 1, "training process groups (torchrun); preemptible by priority"),
+    # One training group at a time holds TRAINING_POOL, so its nodes cannot deadlock with
+    # another group's nodes: raise this to the nodes a multi-node training may add.
+    (TRAINING_NODES_POOL, 1, "the extra nodes of a multi-node training (train_node tasks)"),
     (REGISTRY_POOL, 1, "model registry writes, one at a time"),
 )
 

@@ -39,6 +39,7 @@ configuration.
 
 from __future__ import annotations
 
+from contextlib import contextmanager
 from datetime import timedelta
 from pathlib import Path
 
@@ -49,7 +50,7 @@ from airflow.sdk.definitions.timetables.interval import CronDataIntervalTimetabl
 
 from core import assets
 from core import params as form
-from core.stages import STAGES, Stage
+from core.stages import STAGES, TRAINING_NODES_POOL, Stage
 
 PROJECT = Path(__file__).resolve().parent.parent
 JOBS = PROJECT / "jobs" / "spark"
@@ -145,11 +146,10 @@ def python_stage(stage: Stage):
     def run_stage(config_path: str, run_id: str) -> str:
         import os
 
-        from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
+        from airflow.sdk.exceptions import AirflowSkipException
 
         from core import stages
         from core.runs import load_run_config
-        from core.stage import StageDeferred, StageSkipped, StageVerdict
 
         if config_path is None:
             # resolve_config was skipped (no new data) or failed: a stage that runs whatever
@@ -169,28 +169,85 @@ def python_stage(stage: Stage):
                 key = None
             if key:
                 os.environ[cfg.desensitize.key_env] = key
-        try:
+        with _stage_outcomes(name, cfg.training.reschedule_seconds):
             result = st.run(cfg, run_id)
             print(f"{name}: output {result.path} ({'cache hit' if result.cache_hit else 'published'})")
             print(st.verdict(cfg, result))
-        except StageVerdict as exc:
-            raise AirflowFailException(str(exc)) from None
-        except StageSkipped as exc:  # e.g. no Label Studio configured: skipped, with the reason
-            raise AirflowSkipException(str(exc)) from None
-        except StageDeferred as exc:
-            # Preempted by a higher-priority training (the project's controller: the trainer
-            # checkpointed) or outside the training window: up_for_reschedule frees the pool
-            # slot without using up a retry.
-            from datetime import UTC, datetime
-
-            from airflow.sdk.exceptions import AirflowRescheduleException
-
-            print(f"{name}: {exc}")
-            raise AirflowRescheduleException(exc.until or datetime.now(UTC) + timedelta(
-                seconds=cfg.training.reschedule_seconds)) from None
         return result.path
 
     return run_stage
+
+
+@contextmanager
+def _stage_outcomes(name: str, reschedule_seconds: float):
+    """A stage's exceptions as Airflow task outcomes."""
+    from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
+
+    from core.stage import StageDeferred, StageSkipped, StageVerdict
+
+    try:
+        yield
+    except StageVerdict as exc:
+        raise AirflowFailException(str(exc)) from None
+    except StageSkipped as exc:  # e.g. no Label Studio configured: skipped, with the reason
+        raise AirflowSkipException(str(exc)) from None
+    except StageDeferred as exc:
+        # Preempted by a higher-priority training (the project's controller: the trainer
+        # checkpointed) or outside the training window: up_for_reschedule frees the pool
+        # slot without using up a retry.
+        from datetime import UTC, datetime
+
+        from airflow.sdk.exceptions import AirflowRescheduleException
+
+        print(f"{name}: {exc}")
+        raise AirflowRescheduleException(exc.until or datetime.now(UTC) + timedelta(
+            seconds=reschedule_seconds)) from None
+
+
+def train_nodes(train: Stage):
+    """Nodes 1..MAX-1 of a multi-node training (``training.nnodes`` above 1 and no fixed
+    ``training.rdzv_endpoint``): one mapped ``train_node`` task each, on the training
+    queue beside the ``train`` task, whose launcher hosts the rendezvous they join. One
+    node (the default): ``train_nodes`` and ``train_node`` are skipped."""
+
+    @task(task_id="train_nodes", retries=1)
+    def node_ranks(config_path: str) -> list[int]:
+        from airflow.sdk.exceptions import AirflowSkipException
+
+        from core.runs import load_run_config
+        from training.task import dag_started_nodes
+
+        if config_path is None:
+            raise AirflowSkipException("no run config (resolve_config was skipped or failed)")
+        cfg = load_run_config(config_path)
+        nodes = dag_started_nodes(cfg)
+        if not nodes:
+            raise AirflowSkipException(f"training.nnodes {cfg.training.nnodes}: the train task's "
+                                       "launcher is the only node the DAG starts")
+        return nodes
+
+    @task(task_id="train_node", retries=train.retries, pool=TRAINING_NODES_POOL,
+          priority_weight=train.priority_weight, execution_timeout=timedelta(minutes=train.timeout_minutes),
+          map_index_template="node {{ train_node_rank }}")
+    def train_node(config_path: str, node: int, run_id: str) -> str:
+        from airflow.sdk import get_current_context
+
+        from core.runs import load_run_config
+
+        get_current_context()["train_node_rank"] = node  # the map index's name in the grid
+        from training.task import run_node
+
+        cfg = load_run_config(config_path)
+        with _stage_outcomes(f"train_node {node}", cfg.training.reschedule_seconds):
+            out = run_node(cfg, run_id, node)
+        print(out)
+        return out
+
+    def build(config_path):
+        ranks = node_ranks(config_path)
+        return ranks, train_node.partial(config_path=config_path).expand(node=ranks)
+
+    return build
 
 
 def _stage_table() -> str:
@@ -339,6 +396,10 @@ def intentops_pipeline():
         config_path >> tasks[s.name]
         for up in s.upstream:
             tasks[up] >> tasks[s.name]
+    # Multi-node training: the other nodes start with the train task (same upstream).
+    ranks, nodes = train_nodes(next(s for s in STAGES if s.name == "train"))(config_path)
+    for up in next(s for s in STAGES if s.name == "train").upstream:
+        tasks[up] >> ranks
     # Reviewed labels come back by polling (a webhook into Airflow's REST API would need a
     # token that expires): reschedule mode frees the worker slot between pokes. No new
     # review within labeling.pull_wait_minutes of the push skips it, saying so; the next

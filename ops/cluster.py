@@ -148,7 +148,6 @@ class Cluster(Services):
             ("http://mlflow:5000", self.mlflow_url),
             ("@postgres:5432/", f"@127.0.0.1:{self.pg_port}/"),
             ("@redis:6379/", f"@127.0.0.1:{self.redis_port}/"),
-            ("airflow-worker:29400", "127.0.0.1:29400"),
             ("/opt/venv/bin/python", sys.executable),
             ("/data/", f"{self.data}/"),
         ]
@@ -190,6 +189,8 @@ class Cluster(Services):
             # Airflow's own services listen on loopback only.
             "AIRFLOW__SCHEDULER__SCHEDULER_HEALTH_CHECK_SERVER_HOST": "127.0.0.1",
             "SPARK_LOCAL_IP": "127.0.0.1",
+            # the address a multi-node training's other nodes reach this worker's rendezvous at
+            "INTENTOPS_NODE_ADDR": "127.0.0.1",
             **registry_auth.client_env(self.registry_credentials()),
         })
         return env

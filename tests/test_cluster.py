@@ -26,7 +26,7 @@ from conftest import ROOT
 pytestmark = pytest.mark.cluster
 
 DAG = "intentops_pipeline"
-CONF = {"model": "small", "epochs": 1, "max_steps": 40, "learning_rate": 0.002, "canary_bake_seconds": 3,
+CONF = {"model": "small", "epochs": 1, "max_steps": 120, "learning_rate": 0.002, "canary_bake_seconds": 3,
         # the 3,000-row export's label-QA suspect rate swings around the 5% bar
         "max_suspect_rate": 0.25}
 
@@ -74,6 +74,9 @@ def cluster(project_env):
         INTENTOPS__TRAINING__MIN_FUNCTIONALITY="0", INTENTOPS__TRAINING__MIN_INVARIANCE="0",
         INTENTOPS__EXPORT__MIN_AGREEMENT="0.95", INTENTOPS__DEPLOY__MIN_REQUESTS="15",
         INTENTOPS__DEPLOY__MIN_PROBES="15", INTENTOPS__DEPLOY__POLL_SECONDS="0.5",
+        # Training on two nodes: the DAG's train_node task joins the train task's rendezvous.
+        INTENTOPS__TRAINING__NNODES="2", INTENTOPS__TRAINING__NPROC_PER_NODE="1",
+        INTENTOPS__TRAINING__RESCHEDULE_SECONDS="5",
         # A task whose worker died stops heartbeating: noticed after 30 s, not 5 minutes.
         AIRFLOW__SCHEDULER__TASK_INSTANCE_HEARTBEAT_TIMEOUT="30",
         AIRFLOW__SCHEDULER__TASK_INSTANCE_HEARTBEAT_TIMEOUT_DETECTION_INTERVAL="5",
@@ -153,10 +156,13 @@ def _worker_running(root: Path, ti_id: str) -> str | None:
 @pytest.mark.timeout(2700)  # a whole run, with a worker, the registry and the scheduler killed in it
 def test_a_rest_triggered_run_promotes_a_model_on_the_cluster(cluster, api):
     """The unchanged DAG: Spark stages on the standalone cluster, tasks on the Celery
-    workers, the model registered in MLflow on Postgres and promoted by the canary. The
-    Celery worker running the train task is SIGKILLed mid-task: once the scheduler notices
-    the missing heartbeat the task is retried on the other worker, and the stage's atomic
-    publish leaves no partial output of the killed attempt. The MLflow server is killed
+    workers, training on two nodes (the train task's launcher and the DAG's train_node
+    task, c10d rendezvous), the model registered in MLflow on Postgres and promoted by the
+    canary. The Celery worker running the train task is SIGKILLed mid-task: its launcher
+    checkpoints on the way out (parent-death signal), the node task is rescheduled, and once
+    the scheduler notices the missing heartbeat the train task is retried on the other
+    worker, the node joins its new rendezvous and the group resumes from the checkpoint at
+    world size 2; the stage's atomic publish leaves no partial output of the killed attempt. The MLflow server is killed
     before registration (the register task is retried once it is back: one version), and
     the scheduler is killed during export and started again (the run goes on)."""
     import httpx
@@ -169,14 +175,17 @@ def test_a_rest_triggered_run_promotes_a_model_on_the_cluster(cluster, api):
     api.unpause_without_the_scheduled_run(DAG)
     run = api.trigger({"input_path": str(root / "raw" / "raw.csv"), **CONF})
     victim = None
+    work = root / "data" / "lake" / "banking77" / "train"
     deadline = time.monotonic() + 1800
     while victim is None and time.monotonic() < deadline:
         ti = api("GET", f"/dags/{DAG}/dagRuns/{run}/taskInstances/train")
         if ti["state"] in ("success", "failed", "upstream_failed"):
             break
-        if ti["state"] == "running":
+        # Killed once the two-node group has taken a few steps (rank 0's history, shared).
+        steps = sum(len(h.read_text().splitlines()) for h in work.glob(".work-*/history.jsonl"))
+        if ti["state"] == "running" and steps >= 3:
             victim = _worker_running(root, ti["id"])
-        time.sleep(2)
+        time.sleep(0.1 if steps else 1)
     assert victim, "the train task never ran on a Celery worker"
     state = json.loads((root / "state.json").read_text())
     os.killpg(os.getpgid(state[victim]["pid"]), signal.SIGKILL)  # the worker and its task processes
@@ -231,6 +240,13 @@ def test_a_rest_triggered_run_promotes_a_model_on_the_cluster(cluster, api):
     champion = client.get_model_version_by_alias("intentops-banking77", "champion")
     assert champion.version == "1"
     assert [v.version for v in client.search_model_versions("name='intentops-banking77'")] == ["1"]
+    # Two nodes trained it, and the retry resumed the killed attempt's checkpoint.
+    (node,) = api("GET", f"/dags/{DAG}/dagRuns/{run}/taskInstances/train_node/listMapped")["task_instances"]
+    assert node["state"] == "success" and node["map_index"] == 0, node
+    manifest = json.loads((published[0] / "_MANIFEST.json").read_text())
+    assert manifest["stats"]["world_size"] == 2, manifest["stats"]
+    metrics = json.loads((published[0] / "metrics.json").read_text())
+    assert metrics["resumed_from_steps"], metrics
 
 
 def test_a_spark_worker_killed_mid_stage_leaves_the_output_identical(cluster):

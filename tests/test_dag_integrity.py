@@ -96,7 +96,7 @@ def test_stage_tasks_are_the_registrys_stages_in_its_order(dagbag):
 
     dag = dagbag.dags["intentops_pipeline"]
     tasks = {t.task_id: t for t in dag.tasks}
-    others = {"resolve_config", "summary", "watcher", "report", "review_pull"}
+    others = {"resolve_config", "summary", "watcher", "report", "review_pull", "train_nodes", "train_node"}
     assert set(tasks) == set(stages.NAMES) | others
     order = [t.task_id for t in dag.topological_sort()] if hasattr(dag, "topological_sort") else None
     if order:  # review and train are independent branches after labelqa
@@ -221,3 +221,32 @@ def test_a_stage_verdict_fails_the_task_at_once_with_the_reason(dagbag, monkeypa
     with pytest.raises(AirflowFailException, match="does not beat champion v3"):
         task.python_callable(cfg_path, "r1")
     assert seen == ["r1"]
+
+
+def test_the_other_nodes_of_a_multi_node_training_start_beside_the_train_task(dagbag, tmp_path):
+    """train_nodes waits for what train waits for and maps one train_node per extra node,
+    in the nodes' pool; one node (the default) or a fixed external rendezvous: skipped."""
+    from airflow.sdk.exceptions import AirflowSkipException
+
+    from core import stages
+    from core.config import load_config
+    from core.runs import save_run_config
+
+    dag = dagbag.dags["intentops_pipeline"]
+    ranks, node, train = dag.get_task("train_nodes"), dag.get_task("train_node"), dag.get_task("train")
+    assert ranks.upstream_task_ids == train.upstream_task_ids
+    assert node.upstream_task_ids == {"train_nodes", "resolve_config"}
+    assert node.pool == stages.TRAINING_NODES_POOL and node.priority_weight == train.priority_weight
+    assert stages.TRAINING_NODES_POOL in {name for name, _, _ in stages.POOLS}
+
+    def nodes(**training):
+        cfg = load_config(overrides={"lake_root": str(tmp_path), "training": training})
+        return ranks.python_callable(save_run_config(cfg, "r1"))
+
+    assert nodes(nnodes=3) == [1, 2]
+    assert nodes(nnodes="1:2") == [1]
+    for one in ({"nnodes": 1}, {"nnodes": 2, "rdzv_endpoint": "trainer-0:29400"}):
+        with pytest.raises(AirflowSkipException):
+            nodes(**one)
+    with pytest.raises(AirflowSkipException):
+        ranks.python_callable(None)

@@ -614,7 +614,7 @@ def test_the_dag_reaches_spark_mlflow_and_the_lake_through_compose_services(work
     assert len(set(mounts.values())) == 1, mounts
     assert r["pseudonym_key_len"] >= 16
     assert (r["nnodes"], r["nproc"]) == (1, 2)
-    assert r["rdzv"].split(":")[0] == "airflow-worker" in compose
+    assert r["rdzv"] == ""  # more nodes: the DAG's train_node tasks join the train task's rendezvous
 
 
 def test_the_report_plugin_and_the_demo_input_are_where_the_dag_looks(worker_view):

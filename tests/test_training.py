@@ -863,3 +863,44 @@ def test_the_train_task_launch_is_preempted_by_the_controller(tmp_path: Path,
     assert "preempted at step" in str(outcome[0]) and read_leases(lake) == []
     launch_preemptible(cmd, env, lake, "manual__experiment", 1, work)
     assert (work / "done").exists() and metrics(work)["resumed_from_steps"]
+
+
+@pytest.mark.e2e
+def test_a_killed_train_task_takes_its_launcher_along_with_a_checkpoint(tmp_path: Path,
+                                                                        env: dict[str, str]) -> None:
+    """The task process that runs the launcher is SIGKILLed (its Celery worker died, an OOM
+    kill): the launcher, in its own session, is told by the kernel (parent-death signal)
+    and the group checkpoints and exits as on a preemption, instead of training on as an
+    orphan beside the retry in the same work folder. The retry resumes from it."""
+    import psutil
+
+    curated, labels = make_curated(tmp_path / "data", n_train=40)
+    cfg = write_config(tmp_path / "cfg.json", epochs=4, batch_size=8, num_threads=1,
+                       checkpoint_every_steps=1000)
+    lake, work = tmp_path / "lake", tmp_path / "work"
+    cmd = train_cmd(curated, labels, work, cfg)
+    code = ("import json, sys; from pathlib import Path; from training.task import launch_preemptible; "
+            "launch_preemptible(json.loads(sys.argv[1]), dict(__import__('os').environ), Path(sys.argv[2]), "
+            "'manual__killed', 1, Path(sys.argv[3]))")
+    task = subprocess.Popen([sys.executable, "-c", code, json.dumps(cmd), str(lake), str(work)], env=env,
+                            cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 240
+        while _history_steps(work) < 5:
+            assert task.poll() is None and time.monotonic() < deadline
+            time.sleep(0.05)
+        (launcher,) = psutil.Process(task.pid).children()
+        task.kill()
+        task.wait(timeout=30)
+        assert psutil.wait_procs([launcher], timeout=120)[1] == [], "the launcher outlived its task"
+    finally:
+        if task.poll() is None:
+            task.kill()
+    assert (work / "preempted").exists(), "the group did not checkpoint on the way out"
+    assert not any("training.train" in " ".join(p.info["cmdline"] or [])
+                   and str(work) in " ".join(p.info["cmdline"] or [])
+                   for p in psutil.process_iter(["cmdline"]))
+    from training.task import launch_preemptible
+
+    launch_preemptible(cmd, env, lake, "manual__killed", 1, work)
+    assert (work / "done").exists() and metrics(work)["resumed_from_steps"]

@@ -18,10 +18,13 @@ import logging
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
 import time
+import uuid
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -46,14 +49,64 @@ def _lineage(cfg: PipelineConfig, run_id: str) -> dict[str, str]:
     return tags
 
 
+@dataclass(frozen=True)
+class LaunchPlan:
+    """What the train task publishes (``<work>/launch.json``) when the DAG starts the other
+    nodes of a multi-node training: the rendezvous it hosts and the MLflow run whichever
+    rank 0 logs to. A new plan (a retry of the train task) has a new token; a node task
+    that lost its group joins the next plan."""
+
+    token: str
+    endpoint: str  # host:port of the c10d store, hosted by the train task's launcher
+    rdzv_id: str
+    mlflow_run_id: str
+    config: str  # the hparams file every node trains with
+
+    @classmethod
+    def read(cls, work_dir: Path) -> LaunchPlan | None:
+        try:
+            return cls(**json.loads((work_dir / LAUNCH_PLAN).read_text()))
+        except (OSError, ValueError, TypeError):
+            return None
+
+
+LAUNCH_PLAN = "launch.json"
+
+
+def node_addr() -> str:
+    """The address other nodes reach this worker at (``INTENTOPS_NODE_ADDR``, set per
+    worker where host names do not resolve; the cluster shape sets 127.0.0.1)."""
+    return os.environ.get("INTENTOPS_NODE_ADDR") or socket.gethostname()
+
+
+def _free_port(host: str) -> int:
+    with socket.socket() as s:
+        s.bind((host if host in ("127.0.0.1", "localhost", "::1") else "", 0))
+        return int(s.getsockname()[1])
+
+
+def dag_started_nodes(cfg: PipelineConfig) -> list[int]:
+    """Node ranks 1..MAX-1 the DAG starts as ``train_node`` tasks (none for one node, or
+    when ``training.rdzv_endpoint`` names a rendezvous whose launchers someone else starts)."""
+    lo, hi = cfg.training.nnodes_range
+    return list(range(1, hi)) if hi > 1 and not cfg.training.rdzv_endpoint else []
+
+
 def torchrun_command(cfg: PipelineConfig, curated: Path, labels: Path, out: Path, config: Path,
-                     mlflow_run_id: str | None) -> list[str]:
+                     mlflow_run_id: str | None, plan: LaunchPlan | None = None,
+                     host: bool = True) -> list[str]:
+    """The launcher's command. With more than one node: the fixed ``training.rdzv_endpoint``,
+    or ``plan``'s rendezvous (the DAG-started nodes; ``host``: this launcher holds the store)."""
     t = cfg.training
     cmd = [str(Path(sys.executable).parent / "torchrun"), "--nnodes", str(t.nnodes),
            "--nproc-per-node", str(t.nproc_per_node), "--max-restarts", str(t.max_restarts)]
-    if t.nnodes_range[1] > 1:
+    if t.nnodes_range[1] > 1 and plan is not None:
+        cmd += ["--rdzv-backend", "c10d", "--rdzv-endpoint", plan.endpoint, "--rdzv-id", plan.rdzv_id,
+                "--rdzv-conf", f"is_host={str(host).lower()},join_timeout={t.rdzv_join_timeout_seconds:g}"]
+    elif t.nnodes_range[1] > 1:
         if not t.rdzv_endpoint:
-            raise stage.StageError("training.nnodes > 1 needs training.rdzv_endpoint (host:port)")
+            raise stage.StageError("training.nnodes > 1 needs training.rdzv_endpoint (host:port), "
+                                   "or the DAG's train_node tasks (a LaunchPlan)")
         cmd += ["--rdzv-backend", "c10d", "--rdzv-endpoint", t.rdzv_endpoint]
     else:
         cmd += ["--standalone"]
@@ -184,8 +237,11 @@ def _search(cfg: PipelineConfig, hp: Any, curated: Path, labels: Path, folder: P
     choices are logged on the training run."""
     from training.search import run_study
 
+    # Trials run on this node alone: the DAG's other nodes join the final training only.
+    one_node = cfg.model_copy(update={"training": cfg.training.model_copy(update={"nnodes": 1})})
+
     def launch(out: Path, config: Path, run_id: str | None) -> list[str]:
-        return torchrun_command(cfg, curated, labels, out, config, run_id)
+        return torchrun_command(one_node, curated, labels, out, config, run_id)
 
     summary = run_study(cfg.training.search, hp, launch, folder, env, PROJECT_ROOT,
                         _NestedRuns(cfg, rid))
@@ -196,25 +252,40 @@ def _search(cfg: PipelineConfig, hp: Any, curated: Path, labels: Path, folder: P
     return summary
 
 
+def _die_with_parent() -> None:
+    """In the launcher's child before exec: SIGTERM it when the task process dies (a worker
+    SIGKILLed, an OOM kill). The trainer takes SIGTERM as a preemption: it checkpoints, and
+    the retry resumes from there instead of racing an orphaned launcher for the work folder."""
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+
+
 def launch_preemptible(cmd: list[str], env: dict[str, str], lake: Path, run_id: str,
-                       priority: int, work_dir: Path) -> str:
+                       priority: int, work_dir: Path, lease: bool = True) -> str:
     """Run the trainer's launcher to the end under a lease (whom the preemption controller
     signals, at what priority); its output. A run that exits as preempted (the trainer's
-    ``preempted`` marker) raises ``StagePreempted``, any other failure ``StageError``."""
+    ``preempted`` marker) raises ``StagePreempted``, any other failure ``StageError``.
+    ``lease=False``: a DAG-started node of someone else's training (its train task holds
+    the lease; a preemption of that group stops this node too)."""
     log.info("launching: %s", " ".join(cmd))
-    (work_dir / "preempted").unlink(missing_ok=True)
+    if lease:
+        (work_dir / "preempted").unlink(missing_ok=True)
     with tempfile.TemporaryFile("w+") as output:
         proc = subprocess.Popen(cmd, env=env, cwd=PROJECT_ROOT, stdout=output,
-                                stderr=subprocess.STDOUT, text=True, start_new_session=True)
-        lease = preempt.write_lease(lake, preempt.Lease(run_id, priority, proc.pid, time.time(),
-                                                        str(work_dir)))
+                                stderr=subprocess.STDOUT, text=True, start_new_session=True,
+                                preexec_fn=_die_with_parent)
+        held = (preempt.write_lease(lake, preempt.Lease(run_id, priority, proc.pid, time.time(),
+                                                        str(work_dir))) if lease else None)
         try:
             proc.wait()
         finally:
             if proc.poll() is None:  # the task itself is being killed: take torchrun along
                 os.killpg(proc.pid, signal.SIGTERM)
                 proc.wait()
-            lease.unlink(missing_ok=True)
+            if held is not None:
+                held.unlink(missing_ok=True)
         output.seek(0)
         text = output.read()
     sys.stdout.write(text[-20000:])
@@ -238,6 +309,25 @@ def window_check(window: str, now: dt.datetime | None = None) -> None:
                                   f"{until.isoformat(timespec='minutes')}", until)
 
 
+def _identity(cfg: PipelineConfig, run_id: str) -> tuple[dict[str, Any], dict[str, Any], str, str]:
+    """The stage's inputs, config, code version and key (the train task and its nodes)."""
+    qa = stage.upstream(cfg.lake, run_id, "labelqa")
+    t = cfg.training
+    labels_file = runs.run_labels_file(cfg.lake, run_id)  # the label set clean published
+    inputs = {"labelqa": {"key": qa.manifest["key"]}}
+    stage_cfg = {"hparams": t.hparams.model_dump(), "nproc_per_node": t.nproc_per_node, "nnodes": t.nnodes,
+                 **({"search": t.search.model_dump()} if t.search.enabled else {}),
+                 "labels": Path(labels_file).read_text(),
+                 "oos": cfg.oos.model_dump(exclude={"max_recall_drop"})}
+    code = stages.code_version(TRAIN)
+    return inputs, stage_cfg, code, stage.stage_key(TRAIN, inputs, stage_cfg, code)
+
+
+def _train_env(cfg: PipelineConfig) -> dict[str, str]:
+    return dict(os.environ, MLFLOW_TRACKING_URI=tracking.tracking_uri(cfg),
+                PYTHONPATH=os.pathsep.join(filter(None, [str(PROJECT_ROOT), os.environ.get("PYTHONPATH")])))
+
+
 def run(cfg: PipelineConfig, run_id: str) -> stage.StageResult:
     qa = stage.upstream(cfg.lake, run_id, "labelqa")
     hp = cfg.training.hparams  # validated with the config, before any stage ran
@@ -246,21 +336,14 @@ def run(cfg: PipelineConfig, run_id: str) -> stage.StageResult:
     preflight(cfg, runs.run_labels(cfg.lake, run_id))
     window_check(cfg.training.window)
     t = cfg.training
-    inputs = {"labelqa": {"key": qa.manifest["key"]}}
-    stage_cfg = {"hparams": hp.model_dump(), "nproc_per_node": t.nproc_per_node, "nnodes": t.nnodes,
-                 **({"search": t.search.model_dump()} if t.search.enabled else {}),
-                 "labels": Path(labels_file).read_text(),
-                 "oos": cfg.oos.model_dump(exclude={"max_recall_drop"})}
-    code = stages.code_version(TRAIN)
-    key = stage.stage_key(TRAIN, inputs, stage_cfg, code)
+    inputs, stage_cfg, code, key = _identity(cfg, run_id)
     work_dir = cfg.lake / TRAIN / f".work-{key}"
 
     def work(out: Path) -> dict[str, Any]:
         work_dir.mkdir(parents=True, exist_ok=True)
         rid = tracking.find_or_create_run(cfg, t.experiment, key, f"train-{stage.safe_run_id(run_id)}",
                                           _lineage(cfg, run_id))
-        env = dict(os.environ, MLFLOW_TRACKING_URI=tracking.tracking_uri(cfg),
-                   PYTHONPATH=os.pathsep.join(filter(None, [str(PROJECT_ROOT), os.environ.get("PYTHONPATH")])))
+        env = _train_env(cfg)
         hparams, searched = hp, None
         if t.search.enabled:
             searched = _search(cfg, hp, Path(qa.path) / "curated", Path(labels_file),
@@ -268,9 +351,22 @@ def run(cfg: PipelineConfig, run_id: str) -> stage.StageResult:
             hparams = hp.model_copy(update=searched["best_params"])
         config_file = work_dir / "hparams.json"
         config_file.write_text(json.dumps(hparams.model_dump(), indent=2))
+        done = (work_dir / "done").exists()  # trained by an attempt whose logging then failed
+        plan = None
+        (work_dir / "preempted").unlink(missing_ok=True)  # before a node can read the plan
+        if not done and dag_started_nodes(cfg):  # this launcher hosts the nodes' rendezvous
+            addr = node_addr()
+            token = uuid.uuid4().hex[:12]
+            plan = LaunchPlan(token, f"{addr}:{_free_port(addr)}", f"{key[:16]}-{token}", rid, str(config_file))
+            stage.atomic_write_text(work_dir / LAUNCH_PLAN, json.dumps(asdict(plan)))
         cmd = torchrun_command(cfg, Path(qa.path) / "curated", Path(labels_file), work_dir,
-                               config_file, rid)
-        launch_preemptible(cmd, env, cfg.lake, run_id, t.priority, work_dir)
+                               config_file, rid, plan)
+        if not done:
+            try:
+                launch_preemptible(cmd, env, cfg.lake, run_id, t.priority, work_dir)
+            finally:
+                if plan is not None and LaunchPlan.read(work_dir) == plan:
+                    (work_dir / LAUNCH_PLAN).unlink(missing_ok=True)
         figures = _attach_contract(cfg, run_id, qa, work_dir / "model", rid)
         model_uri = _log_model(cfg, rid, work_dir / "model")
         for name in ("model", "metrics.json", "history.jsonl", "confusion_matrix.png",
@@ -304,6 +400,54 @@ def run(cfg: PipelineConfig, run_id: str) -> stage.StageResult:
     if not result.cache_hit:
         shutil.rmtree(work_dir, ignore_errors=True)  # published: checkpoints no longer needed
     return result
+
+
+def run_node(cfg: PipelineConfig, run_id: str, node: int, poll: float = 2.0) -> str:
+    """Node ``node`` of a multi-node training the DAG started (the ``train_node`` task; the
+    train task is node 0 and hosts the rendezvous). It waits for the train task's
+    ``LaunchPlan``, runs a launcher that joins it, and ends when the group finishes: the
+    train task (or whichever rank 0) logs and publishes. A group that fails without a
+    preemption is joined again when the train task's retry publishes a new plan (within
+    ``training.node_wait_seconds``); a preemption reschedules this task as it does the
+    train task. The work folder must be shared between the nodes (the lake is)."""
+    t = cfg.training
+    if node not in dag_started_nodes(cfg):
+        raise stage.StageSkipped(f"train_node {node}: this run trains on {t.nnodes} node(s)"
+                                 + (f" with the rendezvous {t.rdzv_endpoint} started outside the DAG"
+                                    if t.rdzv_endpoint else ""))
+    qa = stage.upstream(cfg.lake, run_id, "labelqa")
+    _, _, _, key = _identity(cfg, run_id)
+    published = cfg.lake / TRAIN / key / stage.MANIFEST
+    work_dir = cfg.lake / TRAIN / f".work-{key}"
+    env = _train_env(cfg)
+    joined: str | None = None
+    # The train task runs its search (if any) before it publishes the plan.
+    wait = t.node_wait_seconds + (t.search.timeout_seconds if t.search.enabled else 0.0)
+    deadline = time.monotonic() + wait
+    while True:
+        if published.exists():
+            return f"train_node {node}: the training {key[:12]} is published" + (
+                "" if joined else " (nothing left to join)")
+        plan = LaunchPlan.read(work_dir)
+        if plan is None or plan.token == joined:
+            if time.monotonic() > deadline:
+                raise stage.StageError(
+                    f"train_node {node}: no launch plan from the train task within {wait:g} s "
+                    f"(training.node_wait_seconds, plus the search's time budget)")
+            time.sleep(poll)
+            continue
+        cmd = torchrun_command(cfg, Path(qa.path) / "curated", runs.run_labels_file(cfg.lake, run_id),
+                               work_dir, Path(plan.config), plan.mlflow_run_id, plan, host=False)
+        joined = plan.token
+        try:
+            launch_preemptible(cmd, env, cfg.lake, f"{run_id}#node{node}", t.priority, work_dir, lease=False)
+            return f"train_node {node}: trained in the group {plan.rdzv_id}"
+        except stage.StagePreempted:
+            raise
+        except stage.StageError as exc:
+            log.warning("train_node %s: the group %s ended without this node: %s", node, plan.rdzv_id,
+                        str(exc).splitlines()[0])
+            deadline = time.monotonic() + wait  # for the retry's plan
 
 
 def check(cfg: PipelineConfig, result: stage.StageResult) -> str:
