@@ -81,6 +81,17 @@ def load_env_file(path: Path) -> dict[str, str]:
     return out
 
 
+_SECRET = re.compile(r"PASSWORD|SECRET|TOKEN|KEY", re.I)
+
+
+def with_environment(settings: dict[str, str]) -> dict[str, str]:
+    """As compose reads docker/.env: a variable set in the environment wins over the file
+    (INTENTOPS_TRAINING_NNODES=2 make cluster-up). Secrets are the exception: they stay the
+    generated ones of the 0600 file, so no inherited value can replace them."""
+    return {k: (os.environ[k] if k in os.environ and not _SECRET.search(k) else v)
+            for k, v in settings.items()}
+
+
 _VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::?([-?])([^}]*))?\}")
 
 
@@ -112,7 +123,7 @@ class Cluster(Services):
 
     def __init__(self, cfg: PipelineConfig | None = None) -> None:
         root = cluster_root()
-        self.settings = load_env_file(root / "cluster.env")
+        self.settings = with_environment(load_env_file(root / "cluster.env"))
         s = self.settings
         self.pg_port = int(os.environ.get("INTENTOPS_CLUSTER_POSTGRES_PORT", "5432"))
         self.redis_port = int(os.environ.get("INTENTOPS_CLUSTER_REDIS_PORT", "6379"))

@@ -74,8 +74,9 @@ def cluster(project_env):
         INTENTOPS__TRAINING__MIN_FUNCTIONALITY="0", INTENTOPS__TRAINING__MIN_INVARIANCE="0",
         INTENTOPS__EXPORT__MIN_AGREEMENT="0.95", INTENTOPS__DEPLOY__MIN_REQUESTS="15",
         INTENTOPS__DEPLOY__MIN_PROBES="15", INTENTOPS__DEPLOY__POLL_SECONDS="0.5",
-        # Training on two nodes: the DAG's train_node task joins the train task's rendezvous.
-        INTENTOPS__TRAINING__NNODES="2", INTENTOPS__TRAINING__NPROC_PER_NODE="1",
+        # Training on two nodes (compose's variables, which the shape reads as compose does):
+        # the DAG's train_node task joins the train task's rendezvous.
+        INTENTOPS_TRAINING_NNODES="2", INTENTOPS_TRAINING_NPROC_PER_NODE="1",
         INTENTOPS__TRAINING__RESCHEDULE_SECONDS="5",
         # A task whose worker died stops heartbeating: noticed after 30 s, not 5 minutes.
         AIRFLOW__SCHEDULER__TASK_INSTANCE_HEARTBEAT_TIMEOUT="30",

@@ -992,3 +992,22 @@ def test_the_cluster_shape_takes_its_airflow_settings_from_compose(tmp_path, mon
               if "=" in line and not line.startswith("#")]
     assert not any(v.startswith("change-me") for v in values) and (tmp_path / "cluster.env").stat().st_mode & 0o077 == 0
     assert (c.spark_ui, c.worker_uis, c.ports.airflow) == (8080, [8081, 8082], 8090)
+
+
+def test_the_environment_overrides_the_cluster_settings_but_not_its_secrets(tmp_path, monkeypatch):
+    """As compose reads docker/.env: INTENTOPS_TRAINING_NNODES=2 in the environment wins over
+    the settings file, and reaches the workers as the pipeline setting; a password in the
+    environment does not replace the generated one."""
+    for name in ("AIRFLOW_HOME", "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE", "INTENTOPS_SERVICES_ROOT"):
+        monkeypatch.setenv(name, "")
+    monkeypatch.setenv("INTENTOPS_CLUSTER_ROOT", str(tmp_path))
+    monkeypatch.setenv("INTENTOPS_TRAINING_NNODES", "2")
+    monkeypatch.setenv("REDIS_PASSWORD", "change-me")
+    from ops.cluster import Cluster, load_env_file
+
+    c = Cluster()
+    stored = load_env_file(tmp_path / "cluster.env")
+    assert stored["INTENTOPS_TRAINING_NNODES"] == "1" and c.settings["INTENTOPS_TRAINING_NNODES"] == "2"
+    assert c.env()["INTENTOPS__TRAINING__NNODES"] == "2"
+    assert c.settings["REDIS_PASSWORD"] == stored["REDIS_PASSWORD"] != "change-me"
+    assert c.env()["INTENTOPS_NODE_ADDR"] == "127.0.0.1" and "INTENTOPS__TRAINING__RDZV_ENDPOINT" not in c.env()

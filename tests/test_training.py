@@ -668,15 +668,18 @@ def _history_steps(out: Path) -> int:
 
 
 @pytest.mark.e2e
+@pytest.mark.parametrize("hook", ["none", "powersgd"])
 def test_sigterm_preempts_with_a_checkpoint_and_the_resume_is_identical(
-        tmp_path: Path, env: dict[str, str]) -> None:
+        tmp_path: Path, env: dict[str, str], hook: str) -> None:
     """A SIGTERM to the torchrun launcher (what the preemption controller sends) mid-epoch:
     every rank finishes its step, rank 0 checkpoints and writes the preempted marker, the
     workers exit 75; the next launch resumes there and ends with the very state_dict of an
-    uninterrupted run at the same world size."""
+    uninterrupted run at the same world size. With PowerSGD too: each rank's error feedback,
+    factors, iteration and generator are in the checkpoint (without them the resumed run
+    restarts PowerSGD's warm-up and the weights differ)."""
     curated, labels = make_curated(tmp_path / "data", n_train=60)
     cfg = write_config(tmp_path / "cfg.json", epochs=3, batch_size=8, num_threads=1,
-                       checkpoint_every_steps=1000)
+                       checkpoint_every_steps=1000, comm_hook=hook, powersgd_rank=2, powersgd_start_iter=3)
     per_epoch = math.ceil(math.ceil(60 * len(CLASSES) / 2) / 8)
     ref = tmp_path / "uninterrupted"
     res = run(train_cmd(curated, labels, ref, cfg), env)

@@ -15,9 +15,12 @@ the payload is the bucket buffers DDP reduces itself: the gradients of all train
 parameters. The figure is the payload per rank; a ring all-reduce puts about
 2 (W-1)/W times that on each rank's link.
 
-PowerSGD's error-feedback memory is not part of the checkpoint: a resumed run starts it
-afresh, so a resumed powersgd run is close to, not bit-identical with, an uninterrupted one
-(the other choices are stateless and resume exactly).
+PowerSGD's state (each rank's error-feedback memory, its warm-started P and Q factors,
+the iteration count and the random generator) is part of the checkpoint (``hook_state``,
+gathered from every rank; ``restore_hook_state``): a resumed powersgd run at the same
+world size continues exactly. At another world size the per-rank memories have no owner,
+so PowerSGD starts afresh there (with its warm-up), said in the log. The other choices
+are stateless and resume exactly.
 """
 
 from __future__ import annotations
@@ -72,8 +75,9 @@ def _install_counter() -> None:
 class CommStats:
     """Bytes handed to the all-reduce by this rank since the start (or the last ``take``)."""
 
-    def __init__(self, hook: str, grad_bytes: int) -> None:
+    def __init__(self, hook: str, grad_bytes: int, state: Any = None) -> None:
         self.hook, self.grad_bytes = hook, grad_bytes
+        self.state = state  # PowerSGD's PowerSGDState, whose memory the checkpoint keeps
         self._seen = _COUNTER.bytes
 
     def after_sync(self) -> None:
@@ -96,6 +100,28 @@ def ddp_options(model: nn.Module, hook: str, device_type: str) -> dict[str, Any]
         return {}
     size = sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
     return {"bucket_cap_mb": size / 2**20 + 1}
+
+
+def settle_buckets(ddp: nn.Module, stats: CommStats, device: torch.device) -> None:
+    """Before PowerSGD's memory is put back on resume: one zero-gradient backward (eval
+    mode, no random numbers drawn, PowerSGD still in its warm-up) so that DDP rebuilds its
+    buckets in gradient-ready order before the first real step. PowerSGD's memory is a flat
+    tensor per bucket in the bucket's parameter order; the checkpoint saved it in the
+    rebuilt layout, which an uninterrupted run reaches after its first iteration (inside
+    the warm-up, where the memory is unused). Without this the resumed run's first step
+    would add that memory to the wrong parameters."""
+    st = stats.state
+    start, st.start_powerSGD_iter, st.iter = st.start_powerSGD_iter, 10**9, 0
+    was_training = ddp.training
+    ddp.eval()
+    try:
+        ids = torch.ones((1, 4), dtype=torch.long, device=device)
+        (ddp(ids, torch.ones_like(ids)).float().sum() * 0.0).backward()
+    finally:
+        ddp.train(was_training)
+        st.start_powerSGD_iter = start
+        for p in ddp.parameters():
+            p.grad = None
 
 
 def check_backend(hook: str, backend: str | None) -> None:
@@ -125,4 +151,42 @@ def register(ddp: nn.Module, hook: str, rank: int, start_iter: int, world_size: 
                                    start_powerSGD_iter=start_iter, min_compression_rate=1,
                                    use_error_feedback=True, warm_start=True, random_seed=0)
         ddp.register_comm_hook(state, psgd.powerSGD_hook)
+        return CommStats(hook, grad_bytes, state)
     return CommStats(hook, grad_bytes)
+
+
+def _to(value: Any, device: torch.device | str) -> Any:
+    if isinstance(value, torch.Tensor):
+        return value.detach().to(device)
+    if isinstance(value, dict):
+        return {k: _to(v, device) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return type(value)(_to(v, device) for v in value)
+    return value
+
+
+def hook_state(stats: CommStats) -> dict[str, Any] | None:
+    """This rank's PowerSGD state as tensors and plain values (what ``torch.load`` with
+    ``weights_only`` reads back), or None for a stateless hook."""
+    if stats.state is None:
+        return None
+    st = stats.state
+    raw = {slot: getattr(st, slot) for slot in type(st).__slots__ if slot not in ("process_group", "rng")}
+    kind, keys, pos, has_gauss, gauss = st.rng.get_state()
+    raw["rng"] = {"keys": torch.from_numpy(keys.astype("int64")), "pos": int(pos),
+                  "has_gauss": int(has_gauss), "cached_gaussian": float(gauss)}
+    return _to(raw, "cpu")
+
+
+def restore_hook_state(stats: CommStats, saved: dict[str, Any], device: torch.device) -> None:
+    """Put a ``hook_state`` back into this rank's PowerSGD state (same world size)."""
+    import numpy as np
+
+    st = stats.state
+    values = _to({k: v for k, v in saved.items() if k != "rng"}, device)
+    for slot, value in values.items():
+        setattr(st, slot, value)
+    r = saved["rng"]
+    st.rng = np.random.RandomState()
+    st.rng.set_state(("MT19937", r["keys"].numpy().astype(np.uint32), r["pos"], r["has_gauss"],
+                      r["cached_gaussian"]))

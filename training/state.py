@@ -24,6 +24,7 @@ from torch import nn
 from torch.utils.data import DataLoader, DistributedSampler, Sampler
 
 from training import checkpoint as ckpt
+from training import comm
 from training.comm import CommStats
 from training.config import TrainConfig
 from training.data import EncodedDataset, PadCollate, group_by_length
@@ -217,8 +218,11 @@ class TraceIds:
 
 
 def save_checkpoint(run: Run) -> None:
-    """All ranks hand their RNG state to rank 0, which writes; the others wait."""
+    """All ranks hand their RNG state (and PowerSGD's memory) to rank 0, which writes; the
+    others wait."""
     rng = all_gather(run.ctx, ckpt.capture_rng())
+    hook = comm.hook_state(run.comm)
+    hooks = all_gather(run.ctx, hook) if hook is not None else None
     if run.ctx.is_main:
         if run.tracker is not None:
             run.tracker.flush()
@@ -232,6 +236,7 @@ def save_checkpoint(run: Run) -> None:
             "global_step": run.state.global_step,
             "config": run.identity,
             "config_fingerprint": run.fingerprint,
+            **({"comm_hook_state": hooks} if hooks is not None else {}),
         })
     barrier(run.ctx)
 
@@ -261,6 +266,14 @@ def resume(run: Run) -> None:
     st = run.state = RunState(**data["state"])
     rng = data["rng"]
     ckpt.restore_rng(rng[ctx.rank % len(rng)])
+    hooks = data.get("comm_hook_state")
+    if hooks and run.comm.state is not None:
+        if len(hooks) == ctx.world_size:
+            comm.settle_buckets(run.ddp, run.comm, ctx.device)
+            comm.restore_hook_state(run.comm, hooks[ctx.rank], ctx.device)
+        elif ctx.is_main:
+            log.info("PowerSGD's error feedback was kept for world size %d, this run has %d: "
+                     "it starts afresh", len(hooks), ctx.world_size)
     if ctx.rank >= len(rng):  # grown: a new rank gets dropout masks of its own
         torch.manual_seed(run.cfg.seed + ctx.rank + 1000 * st.global_step)
     st.wall_seconds_before = st.wall_seconds
