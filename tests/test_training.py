@@ -8,6 +8,7 @@ the kill is a real SIGKILL of the launcher's process group, MLflow is a real ser
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -869,12 +870,16 @@ def test_the_train_task_launch_is_preempted_by_the_controller(tmp_path: Path,
 
 
 @pytest.mark.e2e
-def test_a_killed_train_task_takes_its_launcher_along_with_a_checkpoint(tmp_path: Path,
-                                                                        env: dict[str, str]) -> None:
-    """The task process that runs the launcher is SIGKILLed (its Celery worker died, an OOM
-    kill): the launcher, in its own session, is told by the kernel (parent-death signal)
-    and the group checkpoints and exits as on a preemption, instead of training on as an
-    orphan beside the retry in the same work folder. The retry resumes from it."""
+@pytest.mark.parametrize("killed", ["task", "supervisor"])
+def test_a_killed_train_task_takes_its_launcher_along_with_a_checkpoint(tmp_path: Path, env: dict[str, str],
+                                                                        killed: str) -> None:
+    """``task``: the task process that runs the launcher is SIGKILLed (an OOM kill): the
+    launcher, in its own session, is told by the kernel (parent-death signal).
+    ``supervisor``: the task's parent dies instead (Airflow's supervisor, killed with its
+    Celery worker, while the task runs in a process group of its own and lives on): the
+    orphaned task notices and stops its launcher. Either way the group checkpoints and
+    exits as on a preemption, instead of training on beside the retry in the same work
+    folder, and the retry resumes from that checkpoint."""
     import psutil
 
     curated, labels = make_curated(tmp_path / "data", n_train=40)
@@ -882,23 +887,33 @@ def test_a_killed_train_task_takes_its_launcher_along_with_a_checkpoint(tmp_path
                        checkpoint_every_steps=1000)
     lake, work = tmp_path / "lake", tmp_path / "work"
     cmd = train_cmd(curated, labels, work, cfg)
-    code = ("import json, sys; from pathlib import Path; from training.task import launch_preemptible; "
-            "launch_preemptible(json.loads(sys.argv[1]), dict(__import__('os').environ), Path(sys.argv[2]), "
-            "'manual__killed', 1, Path(sys.argv[3]))")
-    task = subprocess.Popen([sys.executable, "-c", code, json.dumps(cmd), str(lake), str(work)], env=env,
-                            cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    task_code = ("import json, os, sys; from pathlib import Path; from training.task import launch_preemptible; "
+                 "launch_preemptible(json.loads(sys.argv[1]), dict(os.environ), Path(sys.argv[2]), "
+                 "'manual__killed', 1, Path(sys.argv[3]))")
+    task_cmd = [sys.executable, "-c", task_code, json.dumps(cmd), str(lake), str(work)]
+    if killed == "supervisor":  # a parent that starts the task in a process group of its own
+        sup_code = ("import os, subprocess, sys, time; p = subprocess.Popen(sys.argv[1:], process_group=0); "
+                    "p.wait()")
+        top = subprocess.Popen([sys.executable, "-c", sup_code, *task_cmd], env=env, cwd=ROOT,
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    else:
+        top = subprocess.Popen(task_cmd, env=env, cwd=ROOT, stdout=subprocess.DEVNULL,
+                               stderr=subprocess.DEVNULL)
     try:
         deadline = time.monotonic() + 240
         while _history_steps(work) < 5:
-            assert task.poll() is None and time.monotonic() < deadline
+            assert top.poll() is None and time.monotonic() < deadline
             time.sleep(0.05)
-        (launcher,) = psutil.Process(task.pid).children()
-        task.kill()
-        task.wait(timeout=30)
-        assert psutil.wait_procs([launcher], timeout=120)[1] == [], "the launcher outlived its task"
+        tree = psutil.Process(top.pid).children(recursive=True)
+        launcher = next(p for p in tree if "torchrun" in " ".join(p.cmdline()))
+        task = psutil.Process(top.pid) if killed == "task" else launcher.parent()
+        top.kill()
+        top.wait(timeout=30)
+        assert psutil.wait_procs([launcher, task], timeout=180)[1] == [], "the launcher outlived its task"
     finally:
-        if task.poll() is None:
-            task.kill()
+        for p in psutil.Process().children(recursive=True):
+            with contextlib.suppress(psutil.Error):
+                p.kill()
     assert (work / "preempted").exists(), "the group did not checkpoint on the way out"
     assert not any("training.train" in " ".join(p.info["cmdline"] or [])
                    and str(work) in " ".join(p.info["cmdline"] or [])

@@ -262,6 +262,30 @@ def _die_with_parent() -> None:
         ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
 
 
+def _wait_unless_orphaned(proc: subprocess.Popen, poll: float = 2.0, grace: float = 120.0) -> bool:
+    """Wait for the launcher, unless this process loses its parent first: Airflow runs a
+    task in a process group of its own under a supervisor, so a worker killed with its
+    group leaves the task running on as an orphan while the scheduler retries it elsewhere.
+    Then the launcher gets SIGTERM (the group checkpoints, as on a preemption; SIGKILL
+    after ``grace``), so the retry resumes alone. True when that happened."""
+    parent = os.getppid()
+    while True:
+        try:
+            proc.wait(timeout=poll)
+            return False
+        except subprocess.TimeoutExpired:
+            if os.getppid() == parent:
+                continue
+        log.warning("the task's parent (pid %d) is gone: stopping the launcher with a checkpoint", parent)
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=grace)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+        return True
+
+
 def launch_preemptible(cmd: list[str], env: dict[str, str], lake: Path, run_id: str,
                        priority: int, work_dir: Path, lease: bool = True) -> str:
     """Run the trainer's launcher to the end under a lease (whom the preemption controller
@@ -279,7 +303,7 @@ def launch_preemptible(cmd: list[str], env: dict[str, str], lake: Path, run_id: 
         held = (preempt.write_lease(lake, preempt.Lease(run_id, priority, proc.pid, time.time(),
                                                         str(work_dir))) if lease else None)
         try:
-            proc.wait()
+            orphaned = _wait_unless_orphaned(proc)
         finally:
             if proc.poll() is None:  # the task itself is being killed: take torchrun along
                 os.killpg(proc.pid, signal.SIGTERM)
@@ -289,6 +313,10 @@ def launch_preemptible(cmd: list[str], env: dict[str, str], lake: Path, run_id: 
         output.seek(0)
         text = output.read()
     sys.stdout.write(text[-20000:])
+    if orphaned:
+        raise stage.StageError(
+            "this task's supervisor died (its worker was lost): the training was stopped with a "
+            "checkpoint, which the task's retry resumes from")
     if proc.returncode != 0 and (work_dir / "preempted").exists():
         info = json.loads((work_dir / "preempted").read_text())
         raise stage.StagePreempted(
@@ -359,9 +387,9 @@ def run(cfg: PipelineConfig, run_id: str) -> stage.StageResult:
             token = uuid.uuid4().hex[:12]
             plan = LaunchPlan(token, f"{addr}:{_free_port(addr)}", f"{key[:16]}-{token}", rid, str(config_file))
             stage.atomic_write_text(work_dir / LAUNCH_PLAN, json.dumps(asdict(plan)))
-        cmd = torchrun_command(cfg, Path(qa.path) / "curated", Path(labels_file), work_dir,
-                               config_file, rid, plan)
         if not done:
+            cmd = torchrun_command(cfg, Path(qa.path) / "curated", Path(labels_file), work_dir,
+                                   config_file, rid, plan)
             try:
                 launch_preemptible(cmd, env, cfg.lake, run_id, t.priority, work_dir)
             finally:
