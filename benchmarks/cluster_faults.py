@@ -49,6 +49,7 @@ from data_stages import cpu_model, write_results  # noqa: E402
 from pipeline_run import _seconds  # noqa: E402
 
 from ops.airflow_api import AirflowApi  # noqa: E402
+from ops.cluster import worker_running  # noqa: E402
 
 DAG = "intentops_pipeline"
 
@@ -61,24 +62,6 @@ def _after(iso: str | None, t: float) -> float | None:
     """Seconds from ``t`` to the time ``iso`` (None when Airflow recorded none)."""
     x = _ts(iso)
     return None if x is None else round(x - t, 1)
-
-
-def _worker_running(root: Path, ti_id: str) -> str | None:
-    import psutil
-
-    state = json.loads((root / "state.json").read_text())
-    for name in ("celery_worker_1", "celery_worker_2"):
-        try:
-            tree = psutil.Process(state[name]["pid"]).children(recursive=True)
-        except (KeyError, psutil.Error):
-            continue
-        for p in tree:
-            try:
-                if ti_id in " ".join(p.cmdline()):
-                    return name
-            except psutil.Error:
-                continue
-    return None
 
 
 class Run:
@@ -124,7 +107,7 @@ def pipeline(env: dict[str, str], root: Path, api: AirflowApi, conf: dict, fault
                 raise SystemExit("train ended before the fault")
             steps = sum(len(h.read_text().splitlines()) for h in work.glob(".work-*/history.jsonl"))
             if ti["state"] == "running" and steps >= 3:
-                victim = _worker_running(root, ti["id"])
+                victim = worker_running(root, ti["id"])
             time.sleep(0.1 if steps else 1)
         killed = _kill(root, victim)
         ok = run.wait_for("train", ("success", "failed"), poll=1)

@@ -95,6 +95,26 @@ def with_environment(settings: dict[str, str]) -> dict[str, str]:
 _VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::?([-?])([^}]*))?\}")
 
 
+def worker_running(root: Path, ti_id: str) -> str | None:
+    """The Celery worker (its ``state.json`` key) whose process tree runs the task instance
+    ``ti_id`` (Airflow names the task's process after it), or None."""
+    import psutil
+
+    state = json.loads((root / "state.json").read_text())
+    for name in (f"celery_worker_{i}" for i in range(1, WORKERS + 1)):
+        try:
+            tree = psutil.Process(state[name]["pid"]).children(recursive=True)
+        except (KeyError, psutil.Error):
+            continue
+        for p in tree:
+            try:
+                if ti_id in " ".join(p.cmdline()):
+                    return name
+            except psutil.Error:
+                continue
+    return None
+
+
 def interpolate(value: str, env: dict[str, str]) -> str:
     """Compose's variable syntax: ``${X}``, ``${X:-default}``, ``${X:?error}``; ``$$`` is a
     literal ``$``."""

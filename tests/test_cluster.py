@@ -23,6 +23,8 @@ import psutil
 import pytest
 from conftest import ROOT
 
+from ops.cluster import worker_running
+
 pytestmark = pytest.mark.cluster
 
 DAG = "intentops_pipeline"
@@ -137,23 +139,6 @@ def test_the_shape_is_up_on_loopback_and_described(cluster):
     assert not any(v.startswith("change-me") for v in values) and (root / "cluster.env").stat().st_mode & 0o077 == 0
 
 
-def _worker_running(root: Path, ti_id: str) -> str | None:
-    """The Celery worker (state key) whose process tree runs task instance ``ti_id``."""
-    state = json.loads((root / "state.json").read_text())
-    for name in ("celery_worker_1", "celery_worker_2"):
-        try:
-            tree = psutil.Process(state[name]["pid"]).children(recursive=True)
-        except (KeyError, psutil.Error):
-            continue
-        for p in tree:
-            try:
-                if ti_id in " ".join(p.cmdline()):
-                    return name
-            except psutil.Error:
-                continue
-    return None
-
-
 @pytest.mark.timeout(2700)  # a whole run, with a worker, the registry and the scheduler killed in it
 def test_a_rest_triggered_run_promotes_a_model_on_the_cluster(cluster, api):
     """The unchanged DAG: Spark stages on the standalone cluster, tasks on the Celery
@@ -185,7 +170,7 @@ def test_a_rest_triggered_run_promotes_a_model_on_the_cluster(cluster, api):
         # Killed once the two-node group has taken a few steps (rank 0's history, shared).
         steps = sum(len(h.read_text().splitlines()) for h in work.glob(".work-*/history.jsonl"))
         if ti["state"] == "running" and steps >= 3:
-            victim = _worker_running(root, ti["id"])
+            victim = worker_running(root, ti["id"])
         time.sleep(0.1 if steps else 1)
     assert victim, "the train task never ran on a Celery worker"
     state = json.loads((root / "state.json").read_text())
