@@ -43,13 +43,15 @@ def airflow_env(tmp_path_factory, project_env, mlflow_server):
         **FAST_PIPELINE_ENV,
     )
     # The demo runs' config: configs/pipeline.yaml with the model gates opened. 40 steps of
-    # the small encoder give a near-chance model (test accuracy ~0.08) that no behavioural
-    # check passes, and whose logits are so flat that int8 flips a few of 300 argmaxes
-    # (the 99% agreement gate refuses the build). These runs are about the wiring; the
-    # second dataset's run below keeps every gate at its default.
+    # the small encoder give a near-chance model (test accuracy 0.05 to 0.08, loss still
+    # ln 77) that no behavioural check passes, and whose logits are so flat that int8 flips
+    # up to about a tenth of the argmaxes (92.45% and 88.07% agreement measured on
+    # 2026-12-06, 95% to 99% before): the agreement gates, built for real models, would
+    # refuse the build at random. These runs are about the wiring; the gates run at their
+    # defaults in test_export.py and in the second dataset's run below.
     demo = yaml.safe_load((ROOT / "configs" / "pipeline.yaml").read_text())
     demo["training"] = {**demo.get("training", {}), "min_functionality": 0, "min_invariance": 0}
-    demo["export"] = {**demo.get("export", {}), "min_agreement": 0.95}
+    demo["export"] = {**demo.get("export", {}), "min_agreement": 0.7, "min_oos_agreement": 0.9}
     (base / "demo.yaml").write_text(yaml.safe_dump(demo))
     raw = base / "raw"
     subprocess.run([sys.executable, "-m", "demo.builder", "--out", str(raw), "--rows", str(ROWS),

@@ -68,11 +68,12 @@ def services(tmp_path_factory, project_env):
         INTENTOPS__INPUT__PATH=str(base / "raw" / "daily"),
         INTENTOPS__TRAINING__MIN_FUNCTIONALITY="0",
         INTENTOPS__TRAINING__MIN_INVARIANCE="0",
-        # 40 steps of the small encoder give a near-chance model (test accuracy ~0.08):
-        # its logits are so flat that int8 flips a few of 300 argmaxes and the 99% agreement
-        # gate, built for real models, refuses the build. These tests are about the wiring;
-        # the gate has its own tests in test_export.py.
-        INTENTOPS__EXPORT__MIN_AGREEMENT="0.95",
+        # 40 steps of the small encoder give a near-chance model (test accuracy 0.01 to 0.08):
+        # its logits are so flat that int8 flips up to about a tenth of the argmaxes (88.07%
+        # agreement, 98.77% on out-of-scope decisions, measured 2026-12-06) and the gates,
+        # built for real models, refuse the build at random. These tests are about the
+        # wiring; the gates have their own tests in test_export.py.
+        INTENTOPS__EXPORT__MIN_AGREEMENT="0.7", INTENTOPS__EXPORT__MIN_OOS_AGREEMENT="0.9",
         # What CONF sets for triggered runs, for the runs the drift asset starts (an
         # asset-triggered run has no conf: it runs on the configured values).
         INTENTOPS__TRAINING__HPARAMS__MODEL="small",

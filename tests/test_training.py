@@ -899,6 +899,7 @@ def test_a_killed_train_task_takes_its_launcher_along_with_a_checkpoint(tmp_path
     else:
         top = subprocess.Popen(task_cmd, env=env, cwd=ROOT, stdout=subprocess.DEVNULL,
                                stderr=subprocess.DEVNULL)
+    tree: list[psutil.Process] = []
     try:
         deadline = time.monotonic() + 240
         while _history_steps(work) < 5:
@@ -910,8 +911,10 @@ def test_a_killed_train_task_takes_its_launcher_along_with_a_checkpoint(tmp_path
         top.kill()
         top.wait(timeout=30)
         assert psutil.wait_procs([launcher, task], timeout=180)[1] == [], "the launcher outlived its task"
-    finally:
-        for p in psutil.Process().children(recursive=True):
+    finally:  # only what this test started (the session's Spark JVM and servers are ours too)
+        with contextlib.suppress(psutil.Error):
+            tree = [psutil.Process(top.pid), *psutil.Process(top.pid).children(recursive=True)]
+        for p in tree:
             with contextlib.suppress(psutil.Error):
                 p.kill()
     assert (work / "preempted").exists(), "the group did not checkpoint on the way out"
