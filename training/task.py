@@ -287,7 +287,7 @@ def _wait_unless_orphaned(proc: subprocess.Popen, poll: float = 2.0, grace: floa
 
 
 def launch_preemptible(cmd: list[str], env: dict[str, str], lake: Path, run_id: str,
-                       priority: int, work_dir: Path, lease: bool = True) -> str:
+                       priority: int, work_dir: Path, lease: bool = True, grace: float = 120.0) -> str:
     """Run the trainer's launcher to the end under a lease (whom the preemption controller
     signals, at what priority); its output. A run that exits as preempted (the trainer's
     ``preempted`` marker) raises ``StagePreempted``, any other failure ``StageError``.
@@ -303,7 +303,7 @@ def launch_preemptible(cmd: list[str], env: dict[str, str], lake: Path, run_id: 
         held = (preempt.write_lease(lake, preempt.Lease(run_id, priority, proc.pid, time.time(),
                                                         str(work_dir))) if lease else None)
         try:
-            orphaned = _wait_unless_orphaned(proc)
+            orphaned = _wait_unless_orphaned(proc, grace=grace)
         finally:
             if proc.poll() is None:  # the task itself is being killed: take torchrun along
                 os.killpg(proc.pid, signal.SIGTERM)
@@ -391,7 +391,8 @@ def run(cfg: PipelineConfig, run_id: str) -> stage.StageResult:
             cmd = torchrun_command(cfg, Path(qa.path) / "curated", Path(labels_file), work_dir,
                                    config_file, rid, plan)
             try:
-                launch_preemptible(cmd, env, cfg.lake, run_id, t.priority, work_dir)
+                launch_preemptible(cmd, env, cfg.lake, run_id, t.priority, work_dir,
+                                   grace=t.preempt_grace_seconds)
             finally:
                 if plan is not None and LaunchPlan.read(work_dir) == plan:
                     (work_dir / LAUNCH_PLAN).unlink(missing_ok=True)
@@ -468,7 +469,8 @@ def run_node(cfg: PipelineConfig, run_id: str, node: int, poll: float = 2.0) -> 
                                work_dir, Path(plan.config), plan.mlflow_run_id, plan, host=False)
         joined = plan.token
         try:
-            launch_preemptible(cmd, env, cfg.lake, f"{run_id}#node{node}", t.priority, work_dir, lease=False)
+            launch_preemptible(cmd, env, cfg.lake, f"{run_id}#node{node}", t.priority, work_dir, lease=False,
+                               grace=t.preempt_grace_seconds)
             return f"train_node {node}: trained in the group {plan.rdzv_id}"
         except stage.StagePreempted:
             raise
