@@ -36,6 +36,7 @@ ACTIONS = {
     "keys.revoke": "a client key revoked by the admin role (done or refused)",
     "scale": "the stable variant's replica count changed (by the autoscaler or by hand), with the signals",
     "alert": "an alert from Alertmanager reached the project's receiver (firing or resolved)",
+    "training.preempt": "the preemption controller stopped a training for a waiting one of higher priority",
 }
 DEFAULT = Path(__file__).resolve().parent.parent / "var" / "audit" / "audit.jsonl"
 

@@ -61,24 +61,7 @@ def resolve_run_config(run_id: str, conf: dict[str, Any] | None = None,
     the input is date-partitioned and the interval holds no partition."""
     from core import partitions
 
-    conf = conf or {}
-    file = conf.get(params.CONFIG_FILE)
-    if file:
-        from core.config import PROJECT_ROOT
-
-        file = Path(file) if Path(file).is_absolute() else PROJECT_ROOT / file
-        if not file.is_file():
-            raise SettingsError(f"config_file {conf[params.CONFIG_FILE]!r}: no such file")
-    try:
-        cfg = load_config(file, overrides=params.overrides(conf))
-    except params.ParamError as exc:
-        raise SettingsError(str(exc)) from None
-    except ValidationError as exc:
-        problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'config'}: {e['msg']}"
-                             for e in exc.errors())
-        raise SettingsError(f"invalid settings: {problems}") from None
-    except ValueError as exc:  # a YAML file that is not a mapping
-        raise SettingsError(str(exc)) from None
+    cfg = _form_config(conf or {})
     note = None
     if interval is not None:
         start, end = interval
@@ -91,6 +74,75 @@ def resolve_run_config(run_id: str, conf: dict[str, Any] | None = None,
         note = (f"[{start}, {end}): reads {', '.join(days)}" if days
                 else f"[{start}, {end}): the input is not date-partitioned; reads all of it")
     return save_run_config(cfg, run_id), note
+
+
+def _form_config(conf: dict[str, Any], base: dict[str, Any] | None = None) -> PipelineConfig:
+    """The config a trigger form gives: its ``config_file`` (or the project's YAML), the
+    environment, ``base`` (a saved run config) and the form's settings on top."""
+    file = conf.get(params.CONFIG_FILE)
+    if file:
+        from core.config import PROJECT_ROOT
+
+        file = Path(file) if Path(file).is_absolute() else PROJECT_ROOT / file
+        if not file.is_file():
+            raise SettingsError(f"config_file {conf[params.CONFIG_FILE]!r}: no such file")
+    try:
+        overrides = params.overrides(conf)
+        return load_config(file, overrides={**base, **overrides} if base else overrides)
+    except params.ParamError as exc:
+        raise SettingsError(str(exc)) from None
+    except ValidationError as exc:
+        problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'config'}: {e['msg']}"
+                             for e in exc.errors())
+        raise SettingsError(f"invalid settings: {problems}") from None
+    except ValueError as exc:  # a YAML file that is not a mapping
+        raise SettingsError(str(exc)) from None
+
+
+SOURCE_RUN = "source_run"
+EXPERIMENT_FILE = "experiment.json"
+# Experiments train below the pipeline's default training.priority (1): any pipeline
+# training that waits for the pool preempts a running experiment.
+EXPERIMENT_PRIORITY = 0
+
+
+def latest_curated_run(lake: Path) -> str | None:
+    """The pipeline run whose label-QA output (the curated split) was published last."""
+    found = [(p.stat().st_mtime, p.parent.name) for p in (lake / "runs").glob("*/labelqa.json")
+             if not (p.parent / EXPERIMENT_FILE).exists()]
+    return max(found)[1] if found else None
+
+
+def resolve_experiment_config(run_id: str, conf: dict[str, Any] | None = None) -> tuple[str, str]:
+    """An experiment run (``dags/intentops_experiment.py``): training alone, on the curated
+    data of a finished pipeline run (``source_run``; empty: the newest with a label-QA
+    output), with the form's settings over that run's saved config, at ``training.priority``
+    ``EXPERIMENT_PRIORITY`` unless the form sets one. The source run's pointers up to label
+    QA become this run's, so the train stage reads exactly that run's data; nothing past
+    training (registry, export, serving) runs. Returns the saved config path and a note."""
+    conf = dict(conf or {})
+    source = str(conf.pop(SOURCE_RUN, None) or "").strip()
+    if conf.get("training_priority") is None:
+        conf["training_priority"] = EXPERIMENT_PRIORITY
+    lake = _form_config(conf).lake
+    source = source or latest_curated_run(lake) or ""
+    src = run_dir(lake, source) if source else None
+    if src is None or not (src / "labelqa.json").exists() or not (src / "config.json").exists():
+        raise SettingsError(f"source_run {source!r}: no pipeline run of dataset {lake.name!r} with a "
+                            "label-QA output" if source else
+                            f"no pipeline run of dataset {lake.name!r} has reached label QA yet: "
+                            "run the pipeline first")
+    cfg = _form_config(conf, base=load_run_config(src / "config.json").model_dump(mode="json"))
+    if cfg.training.nnodes_range[1] > 1 and not cfg.training.rdzv_endpoint:  # train_node tasks
+        raise SettingsError("an experiment trains on the train task's node alone: set "
+                            "training.nnodes to 1 (or a fixed training.rdzv_endpoint)")
+    dest = run_dir(lake, run_id)
+    dest.mkdir(parents=True, exist_ok=True)
+    for name in STAGES[:STAGES.index("train")]:
+        if (src / f"{name}.json").exists():
+            atomic_write_text(dest / f"{name}.json", (src / f"{name}.json").read_text())
+    atomic_write_text(dest / EXPERIMENT_FILE, json.dumps({"source_run": source}))
+    return save_run_config(cfg, run_id), f"trains on the data of run {source} at priority {cfg.training.priority}"
 
 
 def started_by(trigger: list[dict[str, Any]]) -> str:
@@ -305,10 +357,17 @@ def render_deploy(r: dict[str, Any]) -> list[str]:
 def write_summary(config_path: str | Path, run_id: str) -> str:
     cfg = load_run_config(config_path)
     rows = collect(cfg.lake, run_id)
+    folder = run_dir(cfg.lake, run_id)
+    experiment = None
+    if (folder / EXPERIMENT_FILE).exists():  # its data stages are the source run's: not its work
+        experiment = json.loads((folder / EXPERIMENT_FILE).read_text())
+        rows = [r for r in rows if STAGES.index(r["stage"]) >= STAGES.index("train")]
     if not rows:
         raise StageError(f"run {run_id!r} has no stage outputs under {cfg.lake}")
     text = render(rows, run_id, cfg.cost)
-    folder = run_dir(cfg.lake, run_id)
+    if experiment is not None:
+        head, _, rest = text.partition("\n")
+        text = f"{head}\nexperiment on the data of run {experiment['source_run']}\n{rest}"
     trigger = None
     if (folder / TRIGGER_FILE).exists():
         trigger = json.loads((folder / TRIGGER_FILE).read_text())
@@ -320,10 +379,13 @@ def write_summary(config_path: str | Path, run_id: str) -> str:
     atomic_write_text(
         folder / "summary.json",
         json.dumps({"run_id": run_id, "stages": rows, "cost": pricing.run_cost(rows, cfg.cost),
-                    **({"trigger": trigger} if trigger is not None else {})}, indent=2, default=str),
+                    **({"trigger": trigger} if trigger is not None else {}),
+                    **({"experiment": experiment} if experiment is not None else {})},
+                   indent=2, default=str),
     )
     atomic_write_text(folder / "summary.txt", text + "\n")
-    atomic_write_text(cfg.lake / "runs" / "LATEST", folder.name + "\n")
+    if experiment is None:  # LATEST names the newest pipeline run
+        atomic_write_text(cfg.lake / "runs" / "LATEST", folder.name + "\n")
     return str(folder / "summary.json")
 
 

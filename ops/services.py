@@ -252,6 +252,12 @@ class Services:
             started.append("airflow")
         self._wait("airflow", state["airflow"], f"{self.airflow_url}/api/v2/monitor/health", 300,
                    ok=_airflow_healthy)
+        if not self.alive(state.get("preempt_controller")):
+            # Airflow never preempts a running task: this loop does (training/preempt.py).
+            state["preempt_controller"] = self._spawn("preempt_controller", [
+                str(self.bin / "python"), "-m", "ops.preempt_controller", "--interval", "5"], env)
+            self._save(state)
+            started.append("preempt_controller")
 
         from deploy import task as deploy_task
 
@@ -354,6 +360,8 @@ class Services:
                              "user": labeling_auth.ADMIN_EMAIL, "credentials_file": _rel(self.credentials_file),
                              "credentials_key": labeling_auth.KEY,
                              **({"error": state["label_studio_error"]} if state.get("label_studio_error") else {})},
+            "preempt_controller": {"running": self.alive(state.get("preempt_controller")),
+                                   "log": (state.get("preempt_controller") or {}).get("log")},
             "logs": _rel(self.logs),
         }
 
@@ -362,7 +370,7 @@ class Services:
 
         stopped = [f"serving: {s}" for s in Deployment(self.cfg).stop()]
         state = self.state()
-        for name in ("airflow", "label_studio", *reversed(self.MONITORING), "mlflow"):  # tasks may still write to MLflow
+        for name in ("preempt_controller", "airflow", "label_studio", *reversed(self.MONITORING), "mlflow"):  # tasks may still write to MLflow
             proc = state.get(name)
             if self.alive(proc):
                 self._kill_group(proc)

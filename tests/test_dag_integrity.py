@@ -57,6 +57,23 @@ def test_dag_level_settings(dagbag):
     assert order.index("clean") < order.index("dedup") < order.index("summary")
 
 
+def test_experiment_dag_trains_alone_in_the_training_pool(dagbag):
+    """Training on a finished run's data: no Spark stage, nothing past training; its train
+    task queues for the same pool as the pipeline's, so the two contend and preempt."""
+    from core.runs import SOURCE_RUN
+    from core.stages import TRAINING_POOL
+
+    dag = dagbag.dags["intentops_experiment"]
+    pipeline = dagbag.dags["intentops_pipeline"]
+    assert {t.task_id for t in dag.tasks} == {"resolve_experiment", "train", "summary"}
+    train = dag.get_task("train")
+    assert train.pool == TRAINING_POOL == pipeline.get_task("train").pool
+    assert train.upstream_task_ids == {"resolve_experiment"}
+    assert train.retries >= 1 and train.execution_timeout is not None
+    assert SOURCE_RUN in dag.params and "training_priority" in dag.params
+    assert dag.schedule is None if hasattr(dag, "schedule") else True
+
+
 def _asset_refs(cond) -> list[dict]:
     """The assets of an asset condition, however it is nested (``a | b``)."""
     objs = getattr(cond, "objects", None)
@@ -149,7 +166,8 @@ def test_spark_stages_use_spark_submit_and_the_default_connection(dagbag):
         assert (ROOT / t.application).exists() or (ROOT / "jobs" / "spark" / f"{t.task_id}.py").exists()
 
 
-@pytest.mark.parametrize("dag_file", [DAG_FILE, ROOT / "dags" / "intentops_monitoring.py"])
+@pytest.mark.parametrize("dag_file", [DAG_FILE, ROOT / "dags" / "intentops_monitoring.py",
+                                      ROOT / "dags" / "intentops_experiment.py"])
 def test_parsing_does_no_io_and_no_heavy_imports(dag_file):
     """Parse the DAG file in a fresh interpreter with open() and connection lookups trapped."""
     probe = textwrap.dedent(

@@ -573,3 +573,46 @@ def test_a_second_dataset_runs_beside_the_demo_to_its_own_promoted_model(airflow
         subprocess.run([sys.executable, "-m", "ops.cli", "deploy", "stop", "--config",
                         str(tmp_path / "coarse.yaml")], env=env, cwd=ROOT, timeout=120, check=False)
 
+
+def test_the_train_stage_searches_and_trains_with_the_best_trials_setting(first_run, airflow_env, monkeypatch):
+    """training.search through the train stage itself (not the search module alone): a
+    two-trial study on the first run's curated data, each trial a torchrun group and an
+    MLflow run nested under the training run; the final training uses the best trial's
+    learning rate, and the stage's manifest and the run's tags record the study."""
+    import shutil
+
+    from mlflow.tracking import MlflowClient
+
+    from core.runs import load_run_config
+    from training import task as train_task
+
+    env, base, _ = airflow_env
+    run_name, _ = first_run
+    lake = base / "lake" / "banking77"
+    # A run of its own (its pointers are the first run's upstream outputs), so the first
+    # run's train pointer stays as the other tests read it.
+    runs = lake / "runs"
+    shutil.copytree(runs / run_name, runs / "manual__search",
+                    ignore=shutil.ignore_patterns("train.json", "register.json", "export.json", "deploy.json"))
+    for k in ("MLFLOW_TRACKING_URI", "MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD", "PATH"):
+        monkeypatch.setenv(k, env[k])
+    cfg = load_run_config(runs / "manual__search" / "config.json")
+    t = cfg.training
+    cfg = cfg.model_copy(update={"training": t.model_copy(update={
+        "search": t.search.model_copy(update={"enabled": True, "trials": 2, "trial_epochs": 1,
+                                              "lr": [1e-6, 3e-3], "pruning": False})})})
+    result = train_task.run(cfg, "manual__search")
+    assert not result.cache_hit
+    s = result.manifest["stats"]["search"]
+    assert len(s["trials"]) == 2 and all(x["state"] == "COMPLETE" for x in s["trials"])
+    best = max(s["trials"], key=lambda x: x["value"])
+    assert s["best_params"] == best["params"] and s["best_value"] == best["value"]
+    trained = json.loads((Path(result.path) / "config.json").read_text())
+    assert trained["lr"] == s["best_params"]["lr"], trained
+    client = MlflowClient(env["MLFLOW_TRACKING_URI"])
+    rid = result.manifest["stats"]["mlflow_run_id"]
+    run = client.get_run(rid)
+    assert json.loads(run.data.tags["intentops.search.best_params"]) == s["best_params"]
+    children = client.search_runs([run.info.experiment_id], f"tags.mlflow.parentRunId = '{rid}'")
+    assert sorted(c.data.params["lr"] for c in children) == sorted(str(x) for x in (1e-6, 3e-3))
+    assert all(c.info.status == "FINISHED" for c in children)

@@ -100,3 +100,40 @@ def test_controller_pass_preempts_the_running_experiment_for_a_waiting_retrain(t
     # An equal-priority waiter never preempts.
     answers["/dags/intentops_pipeline/dagRuns/manual__retrain"] = {"conf": {}}
     assert one_pass(cfg, api) is None
+
+
+def test_controller_reads_every_datasets_leases_and_the_waiters_resolved_priority(tmp_path: Path) -> None:
+    """An experiment of another dataset holds the pool; a pipeline run whose resolved config
+    (not its conf) says priority 100 waits: the controller finds the lease under the other
+    dataset's lake, preempts it and leaves an audit record."""
+    from core import audit
+    from core.config import load_config
+    from core.runs import save_run_config
+    from ops.preempt_controller import one_pass
+
+    cfg = load_config(overrides={"lake_root": str(tmp_path / "lake"), "training.preempt_grace_seconds": 30},
+                      env={})
+    other = load_config(overrides={"lake_root": str(tmp_path / "lake"), "dataset": "tickets"}, env={})
+    save_run_config(load_config(overrides={"lake_root": str(tmp_path / "lake"), "training.priority": 100},
+                                env={}), "manual__retrain")
+    work = tmp_path / "work"
+    work.mkdir()
+    proc = subprocess.Popen([sys.executable, "-c", (
+        "import signal, sys, time, pathlib\n"
+        "def h(*_):\n"
+        f"    pathlib.Path({str(work)!r}, 'preempted').write_text('{{}}'); sys.exit(75)\n"
+        "signal.signal(signal.SIGTERM, h)\nprint('ready', flush=True)\ntime.sleep(60)\n")],
+        stdout=subprocess.PIPE, text=True, start_new_session=True)
+    assert proc.stdout.readline().strip() == "ready"
+    write_lease(other.lake, Lease("manual__exp", 0, proc.pid, time.time(), str(work)))
+    answers = {
+        "/pools/intentops_training": {"slots": 1},
+        "/dags/~/dagRuns/~/taskInstances": {"task_instances": [
+            {"task_id": "train", "pool": "intentops_training", "dag_id": "intentops_pipeline",
+             "dag_run_id": "manual__retrain", "state": "queued"}]},
+    }
+    done = one_pass(cfg, lambda method, path, **kw: answers[path])  # never asks for the conf
+    assert done is not None and done["run_id"] == "manual__exp" and done["checkpointed"]
+    assert proc.wait(timeout=10) == 75
+    rec = [r for r in audit.read(action="training.preempt") if r["target"] == "manual__exp"][-1]
+    assert rec["actor"] == "preempt-controller" and "gave way to a waiting training at 100" in rec["reason"]

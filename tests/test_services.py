@@ -81,6 +81,8 @@ def services(tmp_path_factory, project_env):
         INTENTOPS__TRAINING__HPARAMS__MAX_STEPS="40",
         INTENTOPS__TRAINING__HPARAMS__LR="0.002",
         INTENTOPS__DEPLOY__BAKE_SECONDS="3",
+        # A preempted training is picked up again this soon (the default is a minute).
+        INTENTOPS__TRAINING__RESCHEDULE_SECONDS="5",
         # The monitoring check's reference, so its test does not depend on which model is
         # the champion: Banking77's train split as a curated set (the champion's training
         # data is found through the registry otherwise; tests/test_drift.py).
@@ -217,6 +219,45 @@ def test_rest_triggered_run_registers_promotes_and_serves(services, api, registr
                  for k, q in queries.items()}
         time.sleep(1)
     assert all(found.get(k) for k in queries), found
+
+
+@pytest.mark.timeout(1200)
+def test_a_waiting_higher_priority_training_preempts_a_running_experiment(services, api):
+    """Two experiments (training alone, on the REST run's curated data) under the live
+    scheduler and the preemption controller `up` started: a long one at the experiments'
+    priority holds the training pool; a short one at 100 then waits for it. The controller
+    signals the first (audited), which checkpoints and goes up_for_reschedule without using a
+    retry; the second trains; the first resumes from its checkpoint and finishes."""
+    from training.preempt import lease_dir
+
+    env, base, _, info = services
+    lake = base / "lake" / "banking77"
+    exp = "intentops_experiment"
+    api("PATCH", f"/dags/{exp}", json={"is_paused": False})
+    small = {"model": "small", "learning_rate": 0.002, "epochs": 10}
+    low = api.trigger({**small, "max_steps": 300}, dag_id=exp)
+    _wait("the experiment's training to start", lambda: any(
+        json.loads(p.read_text())["run_id"] == low for p in lease_dir(lake).glob("*.json")), timeout=600, poll=1)
+    high = api.trigger({**small, "max_steps": 20, "training_priority": 100}, dag_id=exp)
+    runs = api.wait_runs([low, high], dag_id=exp, timeout=1100)
+    assert runs[low]["state"] == runs[high]["state"] == "success", (
+        api.task_states(low, exp), api.task_states(high, exp))
+
+    records = [json.loads(x) for x in Path(env["INTENTOPS_AUDIT_LOG"]).read_text().splitlines()]
+    preempted = [x for x in records if x["action"] == "training.preempt" and x["target"] == low]
+    assert len(preempted) == 1 and "gave way to a waiting training at 100" in preempted[0]["reason"], preempted
+    assert "checkpointed" in preempted[0]["reason"] and "without" not in preempted[0]["reason"]
+    train = {r: api("GET", f"/dags/{exp}/dagRuns/{r}/taskInstances/train") for r in (low, high)}
+    assert train[low]["try_number"] == 1  # a preemption is a reschedule, not a retry
+    assert train[high]["end_date"] < train[low]["end_date"]
+    out = Path(json.loads((run_dir(lake, low) / "train.json").read_text())["path"])
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert metrics["steps"] == 300 and len(metrics["resumed_from_steps"]) == 1, metrics
+    assert 0 < metrics["resumed_from_steps"][0] < 300
+    source = json.loads((run_dir(lake, low) / "experiment.json").read_text())["source_run"]
+    assert (run_dir(lake, source) / "labelqa.json").exists() and not (run_dir(lake, source) / "experiment.json").exists()
+    assert f"experiment on the data of run {source}" in (run_dir(lake, low) / "summary.txt").read_text()
+    assert (lake / "runs" / "LATEST").read_text().strip() not in (low, high)  # LATEST names pipeline runs
 
 
 @pytest.mark.timeout(1800)  # two daily runs side by side, then the same two as cache hits
@@ -417,7 +458,7 @@ def test_down_stops_everything_it_started(services):
     state = json.loads((base / "services" / "state.json").read_text())
     deploy_state = json.loads((base / "deploy" / "banking77" / "state.json").read_text())
     pids = [state[k]["pid"] for k in ("airflow", "mlflow", "prometheus", "alertmanager", "pushgateway",
-                                      "alert_receiver")]
+                                      "alert_receiver", "preempt_controller")]
     pids += [p["pid"] for p in deploy_state.values() if isinstance(p, dict) and "pid" in p]
     groups = {p: _pgid(p) for p in pids if psutil.pid_exists(p)}
     down = _cli(env, "down", timeout=300)

@@ -128,6 +128,9 @@ def _log_model(cfg: PipelineConfig, mlflow_run_id: str, model_dir: Path) -> str:
     if existing:
         return existing
     mlflow.set_tracking_uri(tracking.tracking_uri(cfg))
+    # The fluent API refuses a run of another experiment than the process's active one (an
+    # earlier stage in the same process, `intentops run` or export, may have set it).
+    mlflow.set_experiment(experiment_id=client.get_run(mlflow_run_id).info.experiment_id)
     example = pd.DataFrame({"text": ["I still have not received my new card", "How do I change my PIN?"]})
     labels, scores = Predictor(model_dir).predict(example.text.tolist())
     signature = infer_signature(example, pd.DataFrame({"label": labels, "score": scores,
