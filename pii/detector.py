@@ -78,6 +78,7 @@ from pii.names import _RUN_RE as _RUN_RE
 from pii.names import _TITLES as _TITLES
 from pii.names import _cue_starts, _may_hold_cased_name, _names
 from pii.names import rule_name_spans as rule_name_spans
+from pii.phrases import phrase_name_spans
 from pii.pseudonyms import canonical as canonical
 from pii.pseudonyms import pseudonym
 
@@ -203,6 +204,8 @@ def detect(text: str) -> list[Detection]:
         ]
     if not caseless:  # cues and titles in text with case ("Dr. Luke McDonald"); without
         found += [(s, e, "PERSON") for s, e in cued]  # case they mask "signed up"
+    # Casual phrasings that introduce a name ("call me will", "text bob", "my husband, will,").
+    found += [(s, e, "PERSON~name-phrase") for s, e in phrase_name_spans(text)]
 
     if not found:
         return []

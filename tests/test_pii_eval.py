@@ -53,6 +53,28 @@ PHRASINGS = [
     ("name-like word", "may i change my pin", []),
     ("name-like word", "hope you can help", []),
     ("this is", "this is urgent, i am stuck abroad", []),
+    # The phrasing rules (pii/phrases.py): names that are English words after a phrasing
+    # that names someone, common short names as objects, relations between commas, pairs.
+    ("call me", "call me will and yes i tried restarting the app", [("PERSON", "will")]),
+    ("i go by", "i go by hope on here", [("PERSON", "hope")]),
+    ("relative", "my husband, will, topped up my card", [("PERSON", "will")]),
+    ("verb object", "can you text bob the code", [("PERSON", "bob")]),
+    ("verb object", "remind jim he owes me 20", [("PERSON", "jim")]),
+    ("verb object", "i owe kofi 30 quid", [("PERSON", "kofi")]),
+    ("pair", "jack and grace want to open a joint account", [("PERSON", "jack"), ("PERSON", "grace")]),
+    ("with", "a joint account with leilani", [("PERSON", "leilani")]),
+    ("call me", "call me back please", []),
+    ("call me", "can you call me when it arrives", []),
+    ("i go by", "i go by bus so i need contactless", []),
+    ("i go by", "i go by train to work", []),
+    ("i'm", "hi i'm having trouble with my card", []),
+    ("i'm", "i'm on holiday and i need cash", []),
+    ("verb object", "how do i pay bills online", []),
+    ("verb object", "can you tell me my balance", []),
+    ("with", "i want to pay with apple pay", []),
+    ("with", "exchange from aud to gbp with my card", []),
+    ("pair", "visa and mastercard both fail", []),
+    ("possessive", "what is today's rate", []),
     ("phone", "mobile: 730 064 218", [("PHONE", "730 064 218")]),
     ("phone", "call (73) 4746-3459", [("PHONE", "(73) 4746-3459")]),
     ("phone", "my number is 96 466712", [("PHONE", "96 466712")]),
@@ -101,16 +123,17 @@ def test_the_halves_are_apart() -> None:
 
 # Floors per (set, case, type): the target, or the figure measured on the held-back half
 # less a margin where the target is not met (those are listed in docs/BENCHMARKS.md).
-# Measured 2026-12-05 (docs/BENCHMARKS.md): presidio PERSON 0.847/0.873 cased, 0.766/0.914
-# lower, 0.809/0.908 upper; ADDRESS 0.870/0.961 cased, 0.866/0.928 without case; casual
-# PERSON 0.837/0.974 (0.958 upper), ADDRESS 0.846/0.917 (13 addresses: one is 0.077).
+# Measured 2026-12-06 with the phrasing rules (docs/BENCHMARKS.md): presidio PERSON
+# 0.860/0.875 cased, 0.774/0.914 lower, 0.818/0.908 upper; ADDRESS 0.870/0.961 cased,
+# 0.866/0.928 without case; casual PERSON 0.882/0.975 (0.960 upper), ADDRESS 0.846/0.917
+# (13 addresses: one is 0.077).
 FLOORS: dict[tuple[str, str, str], tuple[float, float]] = {
-    ("presidio", "cased", "PERSON"): (0.82, 0.85),
-    ("presidio", "lower", "PERSON"): (0.74, 0.89),
-    ("presidio", "upper", "PERSON"): (0.78, 0.88),
+    ("presidio", "cased", "PERSON"): (0.84, 0.85),
+    ("presidio", "lower", "PERSON"): (0.75, 0.89),
+    ("presidio", "upper", "PERSON"): (0.79, 0.88),
     ("presidio", "cased", "ADDRESS"): (0.85, 0.94),
     **{("presidio", c, "ADDRESS"): (0.85, 0.91) for c in ("lower", "upper")},
-    **{("casual", c, "PERSON"): (0.81, 0.93) for c in E.CASES},
+    **{("casual", c, "PERSON"): (0.86, 0.93) for c in E.CASES},
     **{("casual", c, "ADDRESS"): (0.76, 0.83) for c in E.CASES},
 }
 

@@ -151,6 +151,8 @@ def main() -> None:
     ap.add_argument("--validate", action="store_true",
                     help="train on 4/5 of the tuned templates and phrasings, score the rest "
                          "(model selection without touching the held-back halves)")
+    ap.add_argument("--fold", type=int, default=0, choices=range(5),
+                    help="with --validate: which fifth of the tuned templates and phrasings to hold out")
     ap.add_argument("--examples", type=int, default=0)
     args = ap.parse_args()
 
@@ -160,7 +162,7 @@ def main() -> None:
     val: list[pii_eval.Sample] = []
     if args.validate:
         def fold(s: pii_eval.Sample) -> bool:
-            return hashlib.sha256(s.group.encode()).digest()[1] % 5 == 0
+            return hashlib.sha256(s.group.encode()).digest()[1] % 5 == args.fold
 
         val = [s for s in presidio + casual if fold(s)]
         presidio = [s for s in presidio if not fold(s)]
