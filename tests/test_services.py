@@ -161,6 +161,7 @@ def test_up_prints_urls_and_a_second_up_is_harmless(services):
     assert _json_tail(again.stdout)["started"] == []
     after = json.loads((base / "services" / "state.json").read_text())
     assert {k: after[k]["pid"] for k in ("airflow", "mlflow")} == {k: state[k]["pid"] for k in ("airflow", "mlflow")}
+    assert info["preempt_controller"]["running"] and after["preempt_controller"] == state["preempt_controller"]
 
     # Label Studio (the review loop) too, with its generated admin and token in the same
     # private file, answering only with the token.
@@ -185,15 +186,91 @@ def test_up_prints_urls_and_a_second_up_is_harmless(services):
     assert again.returncode == 0 and _json_tail(again.stdout)["started"] == ["alertmanager"], again.stdout[-2000:]
 
 
-def test_rest_triggered_run_registers_promotes_and_serves(services, api, registry):
-    env, base, raw, info = services
-    run_id = api.trigger({"input_path": str(raw / "raw.csv"), **CONF})
-    done = api.wait_runs([run_id])[run_id]
-    assert done["state"] == "success", api.task_states(run_id)
-    states = api.task_states(run_id)
-    assert all(states[t] == "success" for t in ("clean", "train", "register", "export", "deploy", "summary"))
+@pytest.mark.timeout(3000)  # a whole pipeline run on a shared 2-core machine, then a second one
+def test_drift_in_served_traffic_starts_a_run_that_registers_promotes_and_serves(services, api, registry):
+    """The loop closed under a real standalone scheduler: served traffic that moved to a
+    few intents -> the monitoring DAG's check finds drift and emits the asset -> the
+    pipeline starts an asset-triggered run that reads the latest export (the whole daily
+    folder) through the same gates, the first model of the registry: registered, promoted,
+    served behind the router, its task metrics in Prometheus. Two more events while that
+    run is active queue one run, not two, and it ends as NO NEW DATA (the export was just
+    read). (Runs triggered through the REST API: the experiments, the backfill and the
+    alert's run below.)"""
+    import pandas as pd
 
-    client = registry
+    from core.stage import run_dir
+    from deploy import predlog
+
+    env, base, raw, info = services
+    lake = base / "lake" / "banking77"
+    # The last ten minutes of traffic ask about six intents only (Banking77 test messages,
+    # as the served model logs them: one row per prediction).
+    test = pd.read_csv(ROOT / "data" / "banking77" / "test.csv")
+    moved = test[test.category.isin(["card_arrival", "exchange_rate", "pin_blocked", "age_limit",
+                                     "top_up_failed", "lost_or_stolen_card"])]
+    now = time.time()
+    con = predlog.connect(lake / "predictions" / "predictions.db")
+    rows = [(f"drift{i:04d}", now - 600 + i, text, label, 0.9, 0, 0, "1", 5.0, "stable")
+            for i, (text, label) in enumerate(moved[["text", "category"]].itertuples(index=False))]
+    with predlog.transaction(con):
+        con.executemany(f"INSERT INTO predictions ({', '.join(predlog.COLUMNS)}) VALUES "
+                        f"({', '.join('?' * len(predlog.COLUMNS))})", rows)
+    con.close()
+    before = {r["dag_run_id"] for r in _asset_runs(api)}
+
+    api("PATCH", "/dags/intentops_monitoring", json={"is_paused": False})
+    check = api.trigger({}, dag_id="intentops_monitoring")
+    done = api.wait_runs([check], dag_id="intentops_monitoring", timeout=900)[check]
+    # Paused again at once: its hourly schedule would otherwise check the same log when the
+    # clock passes the hour and emit a second drift event during this test.
+    api("PATCH", "/dags/intentops_monitoring", json={"is_paused": True})
+    states = api.task_states(check, dag_id="intentops_monitoring")
+    assert done["state"] == "success" and states["emit_drift"] == "success", states
+
+    first = _wait("the asset-triggered run", lambda: [r for r in _asset_runs(api) if r["dag_run_id"] not in before],
+                  timeout=300)[0]
+    drift_id = api("GET", "/assets", params={"name_pattern": "intentops_drift_detected"})["assets"][0]["id"]
+    labels_id = api("GET", "/assets", params={"name_pattern": "intentops_new_labels"})["assets"][0]["id"]
+    assert api("GET", f"/dags/{DAG}/dagRuns/{first['dag_run_id']}")["state"] in ("queued", "running")
+    for asset_id in (drift_id, labels_id):  # while the first run is active
+        api("POST", "/assets/events", json={"asset_id": asset_id, "extra": {"reason": "test"}})
+
+    run1 = api.wait_runs([first["dag_run_id"]], timeout=2400)[first["dag_run_id"]]
+    s1 = api.task_states(run1["dag_run_id"])
+    assert run1["state"] == "success", s1
+    assert all(s1[t] == "success" for t in ("resolve_config", "clean", "train", "register", "export", "deploy",
+                                             "summary")), s1
+    _registered_promoted_and_served(env, base, info, registry)
+    consumed = api("GET", f"/dags/{DAG}/dagRuns/{run1['dag_run_id']}/upstreamAssetEvents")["asset_events"]
+    extra = next(e["extra"] for e in consumed if e["source_dag_id"] == "intentops_monitoring")
+    assert extra["figures"]["drift"] == 1.0 and Path(extra["sample"]).exists()
+    summary = json.loads((run_dir(lake, run1["dag_run_id"]) / "summary.json").read_text())
+    assert summary["trigger"] and "started by intentops_drift_detected" in (
+        run_dir(lake, run1["dag_run_id"]) / "summary.txt").read_text()
+    per_day = sum(sum(1 for _ in p.open()) - 1 for p in (raw / "daily").glob("date=*/raw.csv"))
+    assert summary["stages"][0]["rows_in"] == per_day  # the latest export: every day of it
+
+    runs = _wait("the queued run", lambda: [r for r in _asset_runs(api) if r["dag_run_id"] not in before]
+                 if len([r for r in _asset_runs(api) if r["dag_run_id"] not in before]) >= 2 else None, timeout=300)
+    second = runs[1]["dag_run_id"]
+    run2 = api.wait_runs([second], timeout=600)[second]
+    s2 = api.task_states(second)
+    assert s2["resolve_config"] == "skipped" and s2["clean"] == "skipped" and s2["train"] == "skipped", s2
+    assert "failed" not in s2.values() and s2["review"] == "skipped", s2  # no task fails for want of a config
+    events2 = api("GET", f"/dags/{DAG}/dagRuns/{second}/upstreamAssetEvents")["asset_events"]
+    assert {e["asset_id"] for e in events2} >= {drift_id, labels_id}
+    text = (run_dir(lake, second) / "summary.txt").read_text().splitlines()
+    assert text[1] == "NO NEW DATA: no stage ran and no model was trained", text
+    assert run2["state"] == "success"  # nothing failed; every stage task is skipped, none green
+    assert s2["report"] == "success" and "NO NEW DATA" in (run_dir(lake, second) / "report.html").read_text()
+    time.sleep(30)
+    assert len([r for r in _asset_runs(api) if r["dag_run_id"] not in before]) == 2  # one run, not two
+
+
+def _registered_promoted_and_served(env, base, info, client) -> None:
+    """The registry holds one version, the champion, promoted by the canary; the router
+    serves it; the run's task metrics reached Prometheus (Airflow's through StatsD and the
+    bridge, the stages' own, the scheduler's heartbeat that the stall alert watches)."""
     model = client.get_registered_model("intentops-banking77")
     versions = client.search_model_versions("name='intentops-banking77'")
     assert len(versions) == 1
@@ -206,8 +283,6 @@ def test_rest_triggered_run_registers_promotes_and_serves(services, api, registr
     assert r.status_code == 200, r.text
     assert r.json()["model_version"] == versions[0].version
 
-    # The run's task metrics are in Prometheus: Airflow's (through StatsD and the bridge),
-    # the stages' own, and the scheduler's heartbeat that the stall alert watches.
     prom = info["prometheus"]["url"]
     queries = {"ti": f'airflow_ti_finish_total{{dag_id="{DAG}",task_id="train",state="success"}}',
                "stage": 'intentops_stage_runs_total{stage="train",outcome="published"}',
@@ -375,82 +450,6 @@ def _wait(what, predicate, timeout: float = 1800, poll: float = 5):
             return value
         time.sleep(poll)
     raise AssertionError(f"timed out waiting for {what}")
-
-
-@pytest.mark.timeout(3000)  # a whole pipeline run on a shared 2-core machine, then a second one
-def test_drift_in_served_traffic_starts_one_retraining_run_and_repeats_coalesce(services, api):
-    """The loop closed under a real standalone scheduler: served traffic that moved to a
-    few intents -> the monitoring DAG's check finds drift and emits the asset -> the
-    pipeline starts an asset-triggered run that reads the latest export (the whole daily
-    folder) through the same gates. Two more events while that run is active queue one
-    run, not two, and it ends as NO NEW DATA (the export was just read)."""
-    import pandas as pd
-
-    from core.stage import run_dir
-    from deploy import predlog
-
-    env, base, raw, info = services
-    lake = base / "lake" / "banking77"
-    # The last ten minutes of traffic ask about six intents only (Banking77 test messages,
-    # as the served model logs them: one row per prediction).
-    test = pd.read_csv(ROOT / "data" / "banking77" / "test.csv")
-    moved = test[test.category.isin(["card_arrival", "exchange_rate", "pin_blocked", "age_limit",
-                                     "top_up_failed", "lost_or_stolen_card"])]
-    now = time.time()
-    con = predlog.connect(lake / "predictions" / "predictions.db")
-    rows = [(f"drift{i:04d}", now - 600 + i, text, label, 0.9, 0, 0, "1", 5.0, "stable")
-            for i, (text, label) in enumerate(moved[["text", "category"]].itertuples(index=False))]
-    with predlog.transaction(con):
-        con.executemany(f"INSERT INTO predictions ({', '.join(predlog.COLUMNS)}) VALUES "
-                        f"({', '.join('?' * len(predlog.COLUMNS))})", rows)
-    con.close()
-    before = {r["dag_run_id"] for r in _asset_runs(api)}
-
-    api("PATCH", "/dags/intentops_monitoring", json={"is_paused": False})
-    check = api.trigger({}, dag_id="intentops_monitoring")
-    done = api.wait_runs([check], dag_id="intentops_monitoring", timeout=900)[check]
-    # Paused again at once: its hourly schedule would otherwise check the same log when the
-    # clock passes the hour and emit a second drift event during this test.
-    api("PATCH", "/dags/intentops_monitoring", json={"is_paused": True})
-    states = api.task_states(check, dag_id="intentops_monitoring")
-    assert done["state"] == "success" and states["emit_drift"] == "success", states
-
-    first = _wait("the asset-triggered run", lambda: [r for r in _asset_runs(api) if r["dag_run_id"] not in before],
-                  timeout=300)[0]
-    drift_id = api("GET", "/assets", params={"name_pattern": "intentops_drift_detected"})["assets"][0]["id"]
-    labels_id = api("GET", "/assets", params={"name_pattern": "intentops_new_labels"})["assets"][0]["id"]
-    assert api("GET", f"/dags/{DAG}/dagRuns/{first['dag_run_id']}")["state"] in ("queued", "running")
-    for asset_id in (drift_id, labels_id):  # while the first run is active
-        api("POST", "/assets/events", json={"asset_id": asset_id, "extra": {"reason": "test"}})
-
-    run1 = api.wait_runs([first["dag_run_id"]], timeout=2400)[first["dag_run_id"]]
-    s1 = api.task_states(run1["dag_run_id"])
-    assert s1["resolve_config"] == "success" and s1["clean"] == "success" and s1["train"] == "success", s1
-    assert s1["register"] in ("success", "failed") and s1["summary"] == "success", s1  # the registry gate decides
-    consumed = api("GET", f"/dags/{DAG}/dagRuns/{run1['dag_run_id']}/upstreamAssetEvents")["asset_events"]
-    extra = next(e["extra"] for e in consumed if e["source_dag_id"] == "intentops_monitoring")
-    assert extra["figures"]["drift"] == 1.0 and Path(extra["sample"]).exists()
-    summary = json.loads((run_dir(lake, run1["dag_run_id"]) / "summary.json").read_text())
-    assert summary["trigger"] and "started by intentops_drift_detected" in (
-        run_dir(lake, run1["dag_run_id"]) / "summary.txt").read_text()
-    per_day = sum(sum(1 for _ in p.open()) - 1 for p in (raw / "daily").glob("date=*/raw.csv"))
-    assert summary["stages"][0]["rows_in"] == per_day  # the latest export: every day of it
-
-    runs = _wait("the queued run", lambda: [r for r in _asset_runs(api) if r["dag_run_id"] not in before]
-                 if len([r for r in _asset_runs(api) if r["dag_run_id"] not in before]) >= 2 else None, timeout=300)
-    second = runs[1]["dag_run_id"]
-    run2 = api.wait_runs([second], timeout=600)[second]
-    s2 = api.task_states(second)
-    assert s2["resolve_config"] == "skipped" and s2["clean"] == "skipped" and s2["train"] == "skipped", s2
-    assert "failed" not in s2.values() and s2["review"] == "skipped", s2  # no task fails for want of a config
-    events2 = api("GET", f"/dags/{DAG}/dagRuns/{second}/upstreamAssetEvents")["asset_events"]
-    assert {e["asset_id"] for e in events2} >= {drift_id, labels_id}
-    text = (run_dir(lake, second) / "summary.txt").read_text().splitlines()
-    assert text[1] == "NO NEW DATA: no stage ran and no model was trained", text
-    assert run2["state"] == "success"  # nothing failed; every stage task is skipped, none green
-    assert s2["report"] == "success" and "NO NEW DATA" in (run_dir(lake, second) / "report.html").read_text()
-    time.sleep(30)
-    assert len([r for r in _asset_runs(api) if r["dag_run_id"] not in before]) == 2  # one run, not two
 
 
 def test_down_stops_everything_it_started(services):
