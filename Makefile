@@ -89,7 +89,8 @@ monitoring-deps:
 # canary bakes, which is what the second worker uses.
 SLOWEST_MODULES = tests/test_services.py tests/test_e2e_airflow.py tests/test_training.py tests/test_canary.py
 test: $(VENV)/.installed test-deps
-	$(BIN)/python -m pytest -q -n 2 --dist loadfile --no-loadscope-reorder $(SLOWEST_MODULES) tests
+	$(BIN)/python -m pytest -q -n 2 --dist loadfile --no-loadscope-reorder \
+	  $(SLOWEST_MODULES) $(filter-out $(SLOWEST_MODULES),$(sort $(wildcard tests/test_*.py)))
 
 lint: $(VENV)/.installed
 	$(BIN)/ruff check .

@@ -103,6 +103,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--once", action="store_true")
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # not a line per poll in its log
     from ops.airflow_api import AirflowApi
     from ops.services import Services, admin_password
 
