@@ -137,3 +137,39 @@ def test_controller_reads_every_datasets_leases_and_the_waiters_resolved_priorit
     assert proc.wait(timeout=10) == 75
     rec = [r for r in audit.read(action="training.preempt") if r["target"] == "manual__exp"][-1]
     assert rec["actor"] == "preempt-controller" and "gave way to a waiting training at 100" in rec["reason"]
+
+
+def test_a_training_preempted_while_starting_is_rescheduled_not_failed(tmp_path: Path) -> None:
+    """SIGTERM before the trainer's handler is installed (the group still starting): no
+    checkpoint marker, the launcher simply dies; the controller's request marks it as a
+    preemption, so the task reschedules (no retry used) instead of failing."""
+    import threading
+
+    import pytest
+
+    from core.stage import StagePreempted
+    from training.preempt import REQUESTED
+    from training.task import launch_preemptible
+
+    lake, work = tmp_path / "lake", tmp_path / "work"
+    work.mkdir()
+    (work / REQUESTED).write_text("{}")  # a stale request of an earlier attempt is cleared
+
+    def controller() -> None:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and not read_leases(lake):
+            time.sleep(0.05)
+        preempt(read_leases(lake)[0], 10.0)
+
+    t = threading.Thread(target=controller)
+    t.start()
+    with pytest.raises(StagePreempted, match="without a checkpoint"):
+        launch_preemptible([sys.executable, "-c", "import time; time.sleep(60)"], {}, lake, "manual__x", 0, work)
+    t.join()
+    assert read_leases(lake) == []
+    # A failure nobody asked for stays a failure (a retry).
+    from core.stage import StageError
+
+    with pytest.raises(StageError, match="exited with 3") as err:
+        launch_preemptible([sys.executable, "-c", "raise SystemExit(3)"], {}, lake, "manual__y", 0, work)
+    assert not isinstance(err.value, StagePreempted)

@@ -311,8 +311,19 @@ def test_a_waiting_higher_priority_training_preempts_a_running_experiment(servic
     api("PATCH", f"/dags/{exp}", json={"is_paused": False})
     small = {"model": "small", "learning_rate": 0.002, "epochs": 10}
     low = api.trigger({**small, "max_steps": 300}, dag_id=exp)
-    _wait("the experiment's training to start", lambda: any(
-        json.loads(p.read_text())["run_id"] == low for p in lease_dir(lake).glob("*.json")), timeout=600, poll=1)
+    lease = _wait("the experiment's training to start", lambda: next(
+        (json.loads(p.read_text()) for p in lease_dir(lake).glob("*.json")
+         if json.loads(p.read_text())["run_id"] == low), None), timeout=600, poll=1)
+
+    def steps() -> int:  # the trainer's history: one line per optimizer step
+        try:
+            return len((Path(lease["work_dir"]) / "history.jsonl").read_text().splitlines())
+        except OSError:
+            return 0
+
+    # Well into its training (a group signalled while still starting has nothing to
+    # checkpoint: tests/test_preempt.py), then the urgent one arrives.
+    _wait("the experiment's first steps", lambda: steps() >= 10, timeout=600, poll=1)
     high = api.trigger({**small, "max_steps": 20, "training_priority": 100}, dag_id=exp)
     runs = api.wait_runs([low, high], dag_id=exp, timeout=1100)
     assert runs[low]["state"] == runs[high]["state"] == "success", (

@@ -17,12 +17,15 @@ signal and at what priority it runs.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
+
+REQUESTED = "preempt-requested"  # written into the work folder by ``preempt``
 
 
 @dataclass(frozen=True)
@@ -108,6 +111,10 @@ def preempt(lease: Lease, grace_seconds: float, poll: float = 0.1) -> dict[str, 
     """SIGTERM the lease's launcher; SIGKILL its process group after ``grace_seconds`` if it
     is still alive. Returns how long it took and whether the checkpoint marker appeared."""
     t0 = time.monotonic()
+    # Said before the signal: a training stopped before it could checkpoint (still starting)
+    # is preempted too, not failed (its task is rescheduled, no retry used).
+    with contextlib.suppress(OSError):
+        Path(lease.work_dir, REQUESTED).write_text(json.dumps({"at": time.time(), "priority": lease.priority}))
     try:
         os.kill(lease.pid, signal.SIGTERM)
     except ProcessLookupError:

@@ -299,6 +299,7 @@ def launch_preemptible(cmd: list[str], env: dict[str, str], lake: Path, run_id: 
     log.info("launching: %s", " ".join(cmd))
     if lease:
         (work_dir / "preempted").unlink(missing_ok=True)
+        (work_dir / preempt.REQUESTED).unlink(missing_ok=True)
     with tempfile.TemporaryFile("w+") as output:
         proc = subprocess.Popen(cmd, env=env, cwd=PROJECT_ROOT, stdout=output,
                                 stderr=subprocess.STDOUT, text=True, start_new_session=True,
@@ -325,6 +326,10 @@ def launch_preemptible(cmd: list[str], env: dict[str, str], lake: Path, run_id: 
         raise stage.StagePreempted(
             f"preempted at step {info.get('step')} (checkpointed); resumes from it when "
             "rescheduled")
+    if proc.returncode != 0 and (work_dir / preempt.REQUESTED).exists():
+        raise stage.StagePreempted(
+            "preempted without a checkpoint at the signal (the group was still starting, or "
+            "was killed after the grace); resumes from its last checkpoint, if any, when rescheduled")
     if proc.returncode != 0:
         tail = "\n".join(text.strip().splitlines()[-15:])
         raise stage.StageError(f"torchrun exited with {proc.returncode}; last lines:\n{tail}")
