@@ -69,15 +69,7 @@ def test_controller_pass_preempts_the_running_experiment_for_a_waiting_retrain(t
 
     cfg = load_config(overrides={"lake_root": str(tmp_path / "lake"), "training.priority": 1,
                                  "training.preempt_grace_seconds": 30})
-    work = tmp_path / "work"
-    work.mkdir()
-    proc = subprocess.Popen([sys.executable, "-c", (
-        "import signal, sys, time, pathlib\n"
-        "def h(*_):\n"
-        f"    pathlib.Path({str(work)!r}, 'preempted').write_text('{{}}'); sys.exit(75)\n"
-        "signal.signal(signal.SIGTERM, h)\nprint('ready', flush=True)\ntime.sleep(60)\n")],
-        stdout=subprocess.PIPE, text=True, start_new_session=True)
-    assert proc.stdout.readline().strip() == "ready"
+    work, proc = _trainer_that_checkpoints_on_sigterm(tmp_path)
     write_lease(cfg.lake, Lease("manual__experiment", 1, proc.pid, time.time(), str(work)))
     answers = {
         "/pools/intentops_training": {"slots": 1},
@@ -116,15 +108,7 @@ def test_controller_reads_every_datasets_leases_and_the_waiters_resolved_priorit
     other = load_config(overrides={"lake_root": str(tmp_path / "lake"), "dataset": "tickets"}, env={})
     save_run_config(load_config(overrides={"lake_root": str(tmp_path / "lake"), "training.priority": 100},
                                 env={}), "manual__retrain")
-    work = tmp_path / "work"
-    work.mkdir()
-    proc = subprocess.Popen([sys.executable, "-c", (
-        "import signal, sys, time, pathlib\n"
-        "def h(*_):\n"
-        f"    pathlib.Path({str(work)!r}, 'preempted').write_text('{{}}'); sys.exit(75)\n"
-        "signal.signal(signal.SIGTERM, h)\nprint('ready', flush=True)\ntime.sleep(60)\n")],
-        stdout=subprocess.PIPE, text=True, start_new_session=True)
-    assert proc.stdout.readline().strip() == "ready"
+    work, proc = _trainer_that_checkpoints_on_sigterm(tmp_path)
     write_lease(other.lake, Lease("manual__exp", 0, proc.pid, time.time(), str(work)))
     answers = {
         "/pools/intentops_training": {"slots": 1},
@@ -173,3 +157,18 @@ def test_a_training_preempted_while_starting_is_rescheduled_not_failed(tmp_path:
     with pytest.raises(StageError, match="exited with 3") as err:
         launch_preemptible([sys.executable, "-c", "raise SystemExit(3)"], {}, lake, "manual__y", 0, work)
     assert not isinstance(err.value, StagePreempted)
+
+
+def _trainer_that_checkpoints_on_sigterm(tmp_path: Path) -> tuple[Path, subprocess.Popen]:
+    """A live process that honours SIGTERM as the trainer does: the ``preempted`` marker in
+    its work folder, exit 75."""
+    work = tmp_path / "work"
+    work.mkdir()
+    proc = subprocess.Popen([sys.executable, "-c", (
+        "import signal, sys, time, pathlib\n"
+        "def h(*_):\n"
+        f"    pathlib.Path({str(work)!r}, 'preempted').write_text('{{}}'); sys.exit(75)\n"
+        "signal.signal(signal.SIGTERM, h)\nprint('ready', flush=True)\ntime.sleep(60)\n")],
+        stdout=subprocess.PIPE, text=True, start_new_session=True)
+    assert proc.stdout.readline().strip() == "ready"
+    return work, proc
