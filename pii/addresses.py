@@ -184,3 +184,67 @@ def _may_hold_address(text: str, found: list[tuple[int, int, str]]) -> bool:
         if not any(s <= p < e for s, e, _ in found):
             return True
     return False
+
+
+# --------------------------------------------------------------------------- address parts
+# Parts of a postal address the patterns and the model leave out, read only in a message
+# where an address was found: the postcode on a country's line ("France 31786"), a first
+# number before the found one ("998 5 rue de Raymond Poincaré": building and house), and
+# the second street of an intersection ("86 Pavlou Drandaki St. and Luke Throughway").
+
+# A line's end: a line break, the two characters "\n" of an escaped export, or the end.
+_LINE_END = r"[ \t]*(?=\n|\\n|$)"
+_POSTCODE_LINE_RE = re.compile(
+    r"([^\W\d_][^\W\d_ .'-]*(?:[ .'-]+[^\W\d_]+){0,3})[ \t,]+(\d{4,6})" + _LINE_END
+)
+_NUMBER_BEFORE_RE = re.compile(r"(?:^|(?<=[\s(:>}]))(\d{1,5})[ \t]+$")
+_SECOND_STREET_RE = re.compile(
+    r"[ \t.,]*(?:st\.?|street)?[ \t]*(?:and|&)[ \t]+((?:[^\W\d_][\w'’.-]*[ \t]+){1,3}?(?:"
+    + "|".join(sorted(map(re.escape, _EN_STREET), key=len, reverse=True))
+    + r"))(?![\w'’-])",
+    re.IGNORECASE,
+)
+
+
+def _country_names() -> frozenset[str]:
+    """The English names of the regions libphonenumber's geocoder knows (lower case)."""
+    global _COUNTRIES
+    if _COUNTRIES is None:
+        from phonenumbers.geocoder import _region_display_name
+        from phonenumbers.geodata.locale import LOCALE_DATA
+
+        names = {_region_display_name(code, "en") for code in LOCALE_DATA}
+        _COUNTRIES = frozenset(n.lower() for n in names if n)
+    return _COUNTRIES
+
+
+_COUNTRIES: frozenset[str] | None = None
+
+
+def address_parts(text: str, found: list[tuple[int, int, str]]) -> list[tuple[int, int, str]]:
+    """``found`` with the address parts above added (new spans) or joined (the number
+    before an address that starts with one); unchanged without an ADDRESS in it."""
+    addresses = [(s, e) for s, e, ent in found if ent.startswith("ADDRESS")]
+    if not addresses:
+        return found
+    taken = [(s, e) for s, e, ent in found if not ent.startswith("ADDRESS")]  # other types
+    out = []
+    for s, e, ent in found:
+        if ent.startswith("ADDRESS"):
+            m = _NUMBER_BEFORE_RE.search(text, max(s - 8, 0), s) if text[s].isdigit() else None
+            if m and not any(ts < s and m.start(1) < te for ts, te in taken):
+                s = m.start(1)
+            if (m := _SECOND_STREET_RE.match(text, e)) and not any(
+                ts < m.end(1) and m.start(1) < te for ts, te in taken
+            ):
+                out.append((m.start(1), m.end(1), "ADDRESS~address-parts"))
+        out.append((s, e, ent))
+    if "\n" in text or "\\n" in text or text.rstrip()[-1:].isdigit():
+        countries = _country_names()
+        for m in _POSTCODE_LINE_RE.finditer(text):
+            words = m.group(1).lower().split()
+            if any(" ".join(words[-k:]).strip(".") in countries for k in range(1, 4)) and not any(
+                ts < m.end(2) and m.start(2) < te for ts, te in taken
+            ):
+                out.append((m.start(2), m.end(2), "ADDRESS~address-parts"))
+    return out

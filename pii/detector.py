@@ -21,12 +21,18 @@ How, per type:
   compounds), unit prefixes (Flat, Apt., Suite, Studio) and an optional trailing city; in
   text without case a pattern's match stands alone only with a street name besides the
   type;
+* address parts the patterns and the model leave out (``pii.addresses.address_parts``):
+  a country line's postcode, a building number before the house number, an
+  intersection's second street; an address the model ran over the name line before it
+  ("Mrs. Madeline MacMahon Suite 787 ...") starts after the name;
 * names by the PERSON token model (a name-frequency prior, the word's shape and context),
   which reads the cue rules of ``pii.names`` as features: a cue ("my name is", "regards,",
   "on behalf of", a title "Mr.", ...) followed by capitalized name tokens (with
   particles: van, de, von, da, ...), or, without a cue, a "Given Family" pair from the US
   Census name lists (the ``names`` package). In text with case the cued names also stand
-  alone.
+  alone. A name runs across a middle initial ("Julio A McDonald") but not across a line
+  break; a country's name is no person unless it is also a given name ("Jordan");
+  casual phrasings and lists of names are ``pii.phrases``'.
 
 Why no NER model: none installs offline from the package registries here (spaCy and
 Hugging Face models download at run time); Presidio's own recognizers for these types
@@ -45,6 +51,7 @@ This module holds the entry points (``detect``, ``mask``, ``redact``, ``mask_ser
 from __future__ import annotations
 
 import functools
+import re
 import unicodedata
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -60,7 +67,7 @@ from pii.addresses import _EN_STREET as _EN_STREET
 from pii.addresses import _EN_STREET_SET as _EN_STREET_SET
 from pii.addresses import _FR_VOIE as _FR_VOIE
 from pii.addresses import _SUFFIX_EN as _SUFFIX_EN
-from pii.addresses import _address_rules, _may_hold_address
+from pii.addresses import _address_rules, _country_names, _may_hold_address, address_parts
 from pii.addresses import rule_address_spans as rule_address_spans
 from pii.casing import _case_forms
 from pii.casing import _is_caseless as _is_caseless
@@ -78,7 +85,7 @@ from pii.names import _RUN_RE as _RUN_RE
 from pii.names import _TITLES as _TITLES
 from pii.names import _cue_starts, _may_hold_cased_name, _names
 from pii.names import rule_name_spans as rule_name_spans
-from pii.phrases import phrase_name_spans
+from pii.phrases import list_name_spans, phrase_name_spans
 from pii.pseudonyms import canonical as canonical
 from pii.pseudonyms import pseudonym
 
@@ -166,6 +173,61 @@ def _token_model(kind: str):
     return TokenModel.load(kind=kind)
 
 
+# What follows a name at the head of a postal address: a unit word, or a house number
+# on the next line or after a comma ("Joaquin Suarez 2906" is a street and its number).
+_ADDRESS_HEAD_RE = re.compile(
+    r"[ \t]*(?:(?i:suite|ste|apt|apartment|flat|unit|room|floor|studio|p\.?\s?o\.?\s?box)\b"
+    r"|(?:,|\n)\s*\d)"
+)
+
+
+def _names_before_addresses(
+    text: str, found: list[tuple[int, int, str]]
+) -> list[tuple[int, int, str]]:
+    """An address that begins with the name in front of it ("Mrs. Madeline MacMahon Suite
+    787 33150 Lozerlaan 172", the address model reading the name line as a street's
+    words) starts after the name instead, when a unit word follows the name or a house
+    number does on the next line or after a comma: else the address, which wins an
+    overlap, would swallow the name. A street named after someone stays whole ("Joaquin
+    Suarez 2906", "Tom Wilhelmsens vei 83")."""
+    persons = [(s, e) for s, e, ent in found if ent.startswith("PERSON")]
+    if not persons or not any(ent.startswith("ADDRESS") for *_, ent in found):
+        return found
+    out = []
+    for s, e, ent in found:
+        if ent.startswith("ADDRESS"):
+            for ps, pe in persons:
+                if ps <= s < pe < e and (m := _ADDRESS_HEAD_RE.match(text, pe)):
+                    rest = m.start()
+                    while rest < e and not text[rest].isalnum():
+                        rest += 1
+                    if address_like(text[rest:e].split()):
+                        s = rest
+                    break
+        out.append((s, e, ent))
+    return out
+
+
+# Countries that are also given names in English: a person when the model says so.
+_NAME_COUNTRIES = frozenset(("chad", "georgia", "jordan", "israel", "india", "kenya"))
+
+
+def _no_countries(text: str, found: list[tuple[int, int, str]]) -> list[tuple[int, int, str]]:
+    """Without the PERSON spans the token model found on a country's name ("Slovenia",
+    "czech republic"): the name table holds many countries as rare given names."""
+    countries = None
+    out = []
+    for s, e, ent in found:
+        if ent == "PERSON~name-model":
+            if countries is None:
+                countries = _country_names()
+            low = " ".join(text[s:e].lower().split())
+            if low in countries and low not in _NAME_COUNTRIES:
+                continue
+        out.append((s, e, ent))
+    return out
+
+
 def detect(text: str) -> list[Detection]:
     """All PII in ``text``, non-overlapping, in order of position."""
     if not text:
@@ -206,9 +268,18 @@ def detect(text: str) -> list[Detection]:
         found += [(s, e, "PERSON") for s, e in cued]  # case they mask "signed up"
     # Casual phrasings that introduce a name ("call me will", "text bob", "my husband, will,").
     found += [(s, e, "PERSON~name-phrase") for s, e in phrase_name_spans(text)]
+    # The rest of a list of names ("founders: Zweig, Coleman and Gray").
+    found += [
+        (s, e, "PERSON~name-list")
+        for s, e in list_name_spans(
+            text, [(s, e) for s, e, ent in found if ent.startswith("PERSON")]
+        )
+    ]
 
     if not found:
         return []
+    found = _names_before_addresses(text, address_parts(text, found))
+    found = _no_countries(text, found)
     if (apart := _apart(found)) is not None:
         return [_detection(text, s, e, ent) for s, e, ent in apart if ent != "_BLOCK"]
     found.sort(key=lambda d: (PRIORITY[d[2].partition("~")[0]], d[0] - d[1], d[0]))

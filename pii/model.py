@@ -138,10 +138,12 @@ def _ctx(tok: str | None) -> str:
 
 def tokenize(text: str) -> list[tuple[int, int, str]]:
     """(start, end, token); a possessive "'s" is split off its word."""
+    rx = _TOKEN_ASCII_RE if text.isascii() else _TOKEN_RE
+    toks = [(m.start(), m.end(), m.group()) for m in rx.finditer(text)]
+    if "'" not in text and "’" not in text:  # no possessive (most messages)
+        return toks
     out = []
-    for m in (_TOKEN_ASCII_RE if text.isascii() else _TOKEN_RE).finditer(text):
-        s, e = m.span()
-        tok = m.group()
+    for s, e, tok in toks:
         if len(tok) > 3 and tok[-2:].lower() in _POSSESSIVE:
             out.append((s, e - 2, tok[:-2]))
             out.append((e - 2, e, "'s"))
@@ -391,6 +393,11 @@ def candidates(
     return sorted(near)
 
 
+# The gap between a given name and a family name that holds a middle initial: " A ",
+# " r. ", "  A " (in text with case, an upper-case one).
+_INITIAL_GAP_RE = re.compile(r"[ \t]{1,2}([^\W\d_])\.?[ \t]{1,2}")
+
+
 def _initial(t: str) -> bool:
     return len(t) == 1 and t.isupper() and t not in ("I", "A")  # "Francesca J Freeman"
 
@@ -580,8 +587,13 @@ class TokenModel:
 
         def adjacent(i: int, j: int) -> bool:
             gap = text[scored[i][1] : scored[j][0]]
-            if person:
-                return len(gap) <= 3 and (gap.isspace() or gap in (". ", "."))
+            if person:  # on one line ("McDonald\n\nPodsreda" are two), or across a middle
+                # initial ("Julio A McDonald", "anna r shah": "A", "I" and, without case,
+                # every single letter are no candidates, so the initial is in the gap)
+                if len(gap) <= 3 and (gap.isspace() or gap in (". ", ".")):
+                    return "\n" not in gap
+                m = _INITIAL_GAP_RE.fullmatch(gap)
+                return m is not None and (caseless or m.group(1).isupper())
             return not gap or gap.isspace() or (len(gap) <= 3 and not gap.strip(" ,.\n"))
 
         # Grow each run by its neighbours over the join threshold: rightwards in one sweep,

@@ -6,19 +6,25 @@ in text with or without case. Each phrasing says how sure it is that a name foll
 the word there must be as name-like as that requires, read from the trimmed name table of
 ``pii.model`` (best first-name rank in any country, English Zipf frequency):
 
-* *naming* phrasings ("call me", "i go by", "known as", "named"): any word that is a
-  first name somewhere, however common in English ("call me will", "i go by hope"), or a
-  word the table does not hold (a rare name: "kem", "bex"); never a function word, a
-  pronoun or a way of travelling ("call me back", "i go by bus");
+* *naming* phrasings ("call me", "i go by", "known as", "named", "named him"): any word
+  that is a first name somewhere, however common in English ("call me will", "i go by
+  hope"), or a word the table does not hold (a rare name: "kem", "bex"); never a function
+  word, a pronoun or a way of travelling ("call me back", "i go by bus");
+* *name kinds* ("my last name is", "maiden name was", "surname:", "first name?"): for a
+  family name, any family name somewhere ("wall", "hague"), for a first name as above;
 * *greetings* ("hi i'm faith", "this is june, ...", "it's kemal"): a first name, not a
   very common English word, after a greeting or at the message's start and followed by a
   pause (a comma, the end, "here");
 * *relations* ("my husband, will, ...", "my grandson max"): a first name after a
   relationship noun; between commas any first name, else one not common in English;
-* *person objects* ("text bob", "remind jim", "i owe kofi 30"): a first name that is rare
-  as an English word (Zipf under 4.7: "bob", "jim", not "bill" or "mark");
+* *person objects* ("text bob", "remind jim", "i owe kofi 30", "said hudson"): a first
+  name that is rare as an English word (Zipf under 4.7: "bob", "jim", not "bill" or
+  "mark");
 * *possessives* ("steve's account", "jess's card"): a first name, not common in English,
   before 's and an account word.
+
+``list_name_spans(text, names)`` adds the other words of a list ("Zweig, Coleman and
+Gray") at least half of whose words are names found already.
 
 Why rules and not the token model alone: the model learns a context from the phrasings
 its training data holds, and a short common name ("bob", "will") needs the context to be
@@ -63,13 +69,16 @@ carer nanny babysitter cleaner twin
 _OBJECT_VERBS = """
 text texted texting remind reminded reminding tell told telling ask asked asking owe owes
 owed owing pay paid paying message messaged email emailed thank thanked ping pinged invite
-invited lend lent
+invited lend lent said says
 """.split()
 _ACCOUNT_WORDS = """
 account acct card cards bank number details name phone iban wallet profile savings balance
 """.split()
 
 _NAMING_VERBS = frozenset(("call", "calls", "called"))
+_OBJECT_PRONOUNS = frozenset(("him", "them", "me", "us"))  # not "her": "named her cat"
+_FAMILY_KINDS = frozenset(("last", "family", "maiden", "surname"))
+_NAME_KINDS = _FAMILY_KINDS | frozenset(("first", "given", "middle"))
 _GO_SUBJECTS = frozenset(("i", "we", "he", "she", "they", "friends", "everyone", "people"))
 _GREETINGS = frozenset("hi hey hello hiya heya morning evening afternoon yo".split())
 _I_AM = frozenset(("i'm", "i’m", "im", "it's", "it’s", "its", "name's", "name’s"))
@@ -80,13 +89,28 @@ _ACCOUNT_SET = frozenset(_ACCOUNT_WORDS)
 _SELF = frozenset(("me", "i", "myself"))
 _AND = frozenset(("and", "&"))
 # Every phrasing holds one of these words (or a possessive): most messages hold none, and a
-# set test on the message's words (0.5 us) skips them.
-_CUE_WORDS = (_NAMING_VERBS | {"by", "known", "named", "nicknamed", "am", "this"} | _I_AM | _RELATION_SET
-              | _OBJECT_SET | _AND | {"with"})
-_SPLIT_RE = re.compile(r"[^\w'’&]+")
-# Words (letters, inner apostrophes) and "&", with their offsets.
-_TOKEN_RE = re.compile(r"[^\W\d_]+(?:['’-][^\W\d_]+)*|&")
+# set test on the message's words skips them.
+_CUE_WORDS = (
+    _NAMING_VERBS
+    | {"by", "known", "named", "nicknamed", "am", "this", "surname"}
+    | _NAME_KINDS
+    | _I_AM
+    | _RELATION_SET
+    | _OBJECT_SET
+    | _AND
+    | {"with"}
+)
+# Words (letters, inner apostrophes) and "&" as a word (not "&amp;"), with their offsets.
+_TOKEN_RE = re.compile(r"[^\W\d_]+(?:['’-][^\W\d_]+)*|&(?!\w)")
+# The same on ASCII text, where it matches alike and runs faster (no Unicode classes).
+_TOKEN_ASCII_RE = re.compile(r"[A-Za-z]+(?:['-][A-Za-z]+)*|&(?!\w)")
 _PAUSE = frozenset(",.!?;:)")
+_POSS = ("'s", "’s")
+# The last word of every phrasing above: the word after one of these is a name candidate.
+_P1_TRIGGERS = frozenset((
+    "me", "named", "nicknamed", "as", "by", "am", "is", "with", "was", "surname", "name",
+    "name's", "name’s",
+)) | _OBJECT_PRONOUNS | _I_AM | _RELATION_SET | _OBJECT_SET  # fmt: skip
 
 
 @functools.lru_cache(maxsize=65536)
@@ -104,61 +128,167 @@ def _name_like(low: str, max_zipf: float, unknown_ok: bool) -> bool:
     return 0 < first <= 1000 and zipf < max_zipf
 
 
+@functools.lru_cache(maxsize=65536)
+def _surname_like(low: str) -> bool:
+    """A family name somewhere (best rank 5000 or better) or a word the table does not
+    hold; never a function word ("my last name is too long")."""
+    if low in _STOP_NAMING or len(low) < 2:
+        return False
+    hit = table().get(low)
+    if hit is None:
+        return low.isalpha()
+    return 0 < hit[1] <= 5000
+
+
+def _name_kind(ws: list[str], i: int, text: str, at) -> str | None:
+    """The kind of name ("last", "first", "surname") a phrasing asks for right before word
+    ``i``: "last name is ___", "maiden name was ___", "surname: ___", "first name? ___"."""
+    p1 = ws[i - 1]
+    if p1 in ("is", "was", "'s", "’s"):
+        if i < 3:
+            return None
+        noun, kind = ws[i - 2], ws[i - 3]
+    else:
+        noun, kind = p1, ws[i - 2] if i > 1 else ""
+        if text[at(i - 1)[1] : at(i)[0]].strip() not in (":", "?", "-"):
+            return None  # "my surname wall" is no phrasing
+    if noun == "surname":
+        return "surname"
+    if noun in ("name", "name's", "name’s") and kind in _NAME_KINDS:
+        return kind
+    return None
+
+
 def phrase_name_spans(text: str) -> list[tuple[int, int]]:
     """The (start, end) of each name a phrasing above introduces, in order."""
     low = text.lower()
-    words = _SPLIT_RE.split(low)
-    if _CUE_WORDS.isdisjoint(words) and "'s " not in low and "’s " not in low:
-        return []
-    toks = [(m.start(), m.end(), m.group().lower()) for m in _TOKEN_RE.finditer(text)]
-    caseless = _is_caseless(text)
+    # The words, lower-cased, and (only where a name is tested) their offsets. On the
+    # lower-cased text when lower-casing keeps the offsets (nearly always: "İ" does not).
+    src = low if len(low) == len(text) else text
+    token_re = _TOKEN_ASCII_RE if src.isascii() else _TOKEN_RE
+    ws = token_re.findall(src)
+    if src is text:
+        ws = [w.lower() for w in ws]
+    if _CUE_WORDS.isdisjoint(ws) and "'s " not in low and "’s " not in low:
+        return []  # most messages
+    n = len(ws)
+    offs: list[tuple[int, int]] = []
+
+    def at(i: int) -> tuple[int, int]:
+        if not offs:
+            offs.extend(m.span() for m in token_re.finditer(src))
+        return offs[i]
+
+    # Only the word after a phrasing's last word, and a possessive, can be a name.
+    cands = {j + 1 for j in range(n - 1) if ws[j] in _P1_TRIGGERS}
+    if "'" in low or "’" in low:
+        cands.update(i for i, w in enumerate(ws) if w.endswith(_POSS))
     out = []
-    n = len(toks)
-    for i, (s, e, w) in enumerate(toks):
-        if w.endswith(("'s", "’s")):
-            if i + 1 < n and toks[i + 1][2] in _ACCOUNT_SET and _name_like(w[:-2], 5.0, False):
+    for i in sorted(cands):
+        w = ws[i]
+        if w.endswith(_POSS):
+            if i + 1 < n and ws[i + 1] in _ACCOUNT_SET and _name_like(w[:-2], 5.0, False):
+                s, e = at(i)
                 out.append((s, e - 2))  # "steve's account"
             w = w[:-2]
         if not i:
             continue
-        p1 = toks[i - 1][2]
-        p2 = toks[i - 2][2] if i > 1 else ""
+        p1 = ws[i - 1]
+        p2 = ws[i - 2] if i > 1 else ""
         level = None
-        if (p1 == "me" and p2 in _NAMING_VERBS) or p1 in ("named", "nicknamed") or (
-                p1 == "as" and p2 == "known") or (
-                p1 == "by" and p2 in ("go", "goes") and i > 2 and toks[i - 3][2] in _GO_SUBJECTS):
-            level = (99.0, True)  # "call me will", "i go by hope"
+        if (
+            (p1 == "me" and p2 in _NAMING_VERBS)
+            or p1 in ("named", "nicknamed")
+            or (p1 == "as" and p2 == "known")
+            or (p1 == "by" and p2 in ("go", "goes") and i > 2 and ws[i - 3] in _GO_SUBJECTS)
+            or (p1 in _OBJECT_PRONOUNS and p2 in ("named", "nicknamed"))
+        ):
+            level = (99.0, True)  # "call me will", "i go by hope", "she named him bobby"
+        elif kind := _name_kind(ws, i, text, at):  # "my maiden name is hague", "surname: wall"
+            if _surname_like(w) if kind in _FAMILY_KINDS else _name_like(w, 99.0, True):
+                s = at(i)[0]
+                out.append((s, s + len(w)))
+            continue
         elif p1 in _I_AM or (p1 == "am" and p2 == "i") or (p1 == "is" and p2 in ("this", "name")):
-            at = i - (2 if p1 in ("am", "is") else 1)  # where the phrase starts
-            if at > 0 and toks[at][2] in ("name", "name's", "name’s") and toks[at - 1][2] == "my":
-                at -= 1  # "my name's ...", "my name is ..."
-            greeted = at > 0 and toks[at - 1][2] in _GREETINGS
-            start = at == 0 or (at == 1 and toks[0][2] in _GREETINGS)
-            rest = text[e:].lstrip()
-            paused = not rest or rest[0] in _PAUSE or (i + 1 < n and toks[i + 1][2] in _AFTER_GREETING
-                                                      and toks[i + 1][0] == len(text) - len(rest))
-            if greeted or (start and paused):
+            if not _name_like(w, 5.6, False):
+                continue
+            j = i - (2 if p1 in ("am", "is") else 1)  # where the phrase starts
+            if j > 0 and ws[j] in ("name", "name's", "name’s") and ws[j - 1] == "my":
+                j -= 1  # "my name's ...", "my name is ..."
+            greeted = j > 0 and ws[j - 1] in _GREETINGS
+            start = j == 0 or (j == 1 and ws[0] in _GREETINGS)
+            if not greeted and start:
+                rest = text[at(i)[1] :].lstrip()
+                greeted = (
+                    not rest
+                    or rest[0] in _PAUSE
+                    or (
+                        i + 1 < n
+                        and ws[i + 1] in _AFTER_GREETING
+                        and at(i + 1)[0] == len(text) - len(rest)
+                    )
+                )
+            if greeted:
                 level = (5.6, False)  # "hi i'm brad", "this is june, ..."
         elif p1 in _RELATION_SET and p2 in ("my", "our"):
-            boxed = "," in text[toks[i - 1][1]:s] and text[e:].lstrip().startswith(",")
+            if not _name_like(w, 99.0, False):  # the weaker of the two tests below
+                continue
+            s, e = at(i)
+            boxed = "," in text[at(i - 1)[1] : s] and text[e:].lstrip().startswith(",")
             level = (99.0 if boxed else 5.0, False)  # "my husband, will,", "my grandson max"
         elif p1 in _OBJECT_SET:
             level = (4.7, False)  # "text bob", "i owe kofi"
-        elif p1 == "with" and caseless:
+        elif p1 == "with" and _is_caseless(text):
             level = (4.0, False)  # "a joint account with leilani"
         if level is not None and _name_like(w, *level):
+            s = at(i)[0]
             out.append((s, s + len(w)))
-    for i in range(1, n - 1):  # "me and tom", "jack and grace"
-        if toks[i][2] not in _AND:
-            continue
-        a, b = toks[i - 1][2], toks[i + 1][2]
-        if (i > 1 and toks[i - 2][2] in _STOP and toks[i - 2][2] not in _SELF
-                and not text[toks[i - 2][1]:toks[i - 1][0]].strip()):
+    ands = [i for i in range(1, n - 1) if ws[i] in _AND] if "and" in ws or "&" in ws else ()
+    for i in ands:  # "me and tom", "jack and grace"
+        a, b = ws[i - 1], ws[i + 1]
+        if (
+            i > 1
+            and ws[i - 2] in _STOP
+            and ws[i - 2] not in _SELF
+            and not text[at(i - 2)[1] : at(i - 1)[0]].strip()
+        ):
             continue  # "on holiday and i", "the cash and card": not a name in front
         if a in _SELF and _name_like(b, 5.2, False):
-            out.append(toks[i + 1][:2])
+            out.append(at(i + 1))
         elif b in _SELF and _name_like(a, 5.2, False):
-            out.append(toks[i - 1][:2])
+            out.append(at(i - 1))
         elif _name_like(a, 5.0, False) and _name_like(b, 5.0, False):
-            out += [toks[i - 1][:2], toks[i + 1][:2]]
+            out += [at(i - 1), at(i + 1)]
     return sorted(set(out))
+
+
+# A list of three or more single words: "Schutt, Garner and Thornton", "dam, taylor and moore".
+_LIST_RE = re.compile(
+    r"(?<![\w'’-])[^\W\d_]+(?:[ \t]*,[ \t]*[^\W\d_]+)+,?[ \t]+(?:and|&)[ \t]+[^\W\d_]+(?![\w'’-])",
+    re.IGNORECASE,
+)
+_LIST_ITEM_RE = re.compile(r"[^\W\d_]+")
+
+
+def list_name_spans(text: str, names: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """The other words of a list most of whose words are names found already ("founders:
+    Zweig, Coleman and Gray" with Zweig and Coleman found): each a first or last name
+    somewhere and no function word; in text with case, capitalized."""
+    if not names or ("," not in text) or not _LIST_RE.search(text):
+        return []
+    caseless = _is_caseless(text)
+    out = []
+    for m in _LIST_RE.finditer(text):
+        items = [(w.start(), w.end(), w.group()) for w in _LIST_ITEM_RE.finditer(m.group())]
+        items = [(m.start() + s, m.start() + e, w) for s, e, w in items if w.lower() not in _AND]
+        found = [any(ns <= s and e <= ne for ns, ne in names) for s, e, _ in items]
+        if sum(found) * 2 < len(items):
+            continue
+        for (s, e, w), f in zip(items, found, strict=True):
+            low = w.lower()
+            hit = table().get(low)
+            if f or low in _STOP or hit is None or not (hit[0] or hit[1]):
+                continue
+            if caseless or w[0].isupper():
+                out.append((s, e))
+    return out
