@@ -189,14 +189,17 @@ def _may_hold_address(text: str, found: list[tuple[int, int, str]]) -> bool:
 # --------------------------------------------------------------------------- address parts
 # Parts of a postal address the patterns and the model leave out, read only in a message
 # where an address was found: the postcode on a country's line ("France 31786"), a first
-# number before the found one ("998 5 rue de Raymond Poincaré": building and house), and
-# the second street of an intersection ("86 Pavlou Drandaki St. and Luke Throughway").
+# number before the found one ("998 5 rue de Raymond Poincaré": building and house), the
+# second street of an intersection ("86 Pavlou Drandaki St. and Luke Throughway"), and the
+# town after a comma that the name model read as a name ("12 rue Nationale, Paris").
 
 # A line's end: a line break, the two characters "\n" of an escaped export, or the end.
 _LINE_END = r"[ \t]*(?=\n|\\n|$)"
 _POSTCODE_LINE_RE = re.compile(
     r"([^\W\d_][^\W\d_ .'-]*(?:[ .'-]+[^\W\d_]+){0,3})[ \t,]+(\d{4,6})" + _LINE_END
 )
+_COMMA_RE = re.compile(r"[ \t]*,[ \t]*")
+_TOWN_END_RE = re.compile(r"[ \t]*(?:[.,;!?)]|\n|\\n|\d|$)")
 _NUMBER_BEFORE_RE = re.compile(r"(?:^|(?<=[\s(:>}]))(\d{1,5})[ \t]+$")
 _SECOND_STREET_RE = re.compile(
     r"[ \t.,]*(?:st\.?|street)?[ \t]*(?:and|&)[ \t]+((?:[^\W\d_][\w'’.-]*[ \t]+){1,3}?(?:"
@@ -228,9 +231,19 @@ def address_parts(text: str, found: list[tuple[int, int, str]]) -> list[tuple[in
     if not addresses:
         return found
     taken = [(s, e) for s, e, ent in found if not ent.startswith("ADDRESS")]  # other types
+    names = {s: e for s, e, ent in found if ent == "PERSON~name-model"}
+    towns = set()
     out = []
     for s, e, ent in found:
+        if ent.startswith("PERSON") and (s, e) in towns:
+            continue
         if ent.startswith("ADDRESS"):
+            # The town after the street, read as a name ("12 rue X, Paris"): the address's.
+            if (m := _COMMA_RE.match(text, e)) and (te := names.get(m.end())) and _TOWN_END_RE.match(
+                text, te
+            ):
+                towns.add((m.end(), te))
+                e = te
             m = _NUMBER_BEFORE_RE.search(text, max(s - 8, 0), s) if text[s].isdigit() else None
             if m and not any(ts < s and m.start(1) < te for ts, te in taken):
                 s = m.start(1)
