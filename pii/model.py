@@ -71,11 +71,14 @@ _POSSESSIVE = ("'s", "’s")
 _SENT_END = frozenset(".!?;\n")
 _LIST_JOINS = frozenset((",", "and", "or", "&", "/"))
 # Closed classes that name lists hold (a given name somewhere) but messages never use as
-# names: weekdays, greetings and sign-off words, fillers ("thanks, bye", "due friday").
+# names: weekdays, greetings and sign-off words, fillers ("thanks, bye", "due friday"), and
+# function words no one is named ("none of the payments", "nor do i"; not "will", "may").
 _NEVER_NAMES = frozenset("""
 monday tuesday wednesday thursday friday saturday sunday bye goodbye hi hello hey hiya
 thanks thank thx cheers regards ok okay yes yeah yep no nope please pls sorry um uh erm
 hmm lol
+none nor neither yours hers ours theirs whom whereas whilst hence thus therefore otherwise
+beneath beside beyond throughout underneath amid onto toward unless
 """.split())
 
 

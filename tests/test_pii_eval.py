@@ -119,6 +119,8 @@ PHRASINGS = [
         [("ADDRESS", "86 Pavlou Drandaki St."), ("ADDRESS", "Luke Throughway")],
     ),
     ("address parts", "we moved to France 2024", []),
+    ("function word", "none of the payments have gone through", []),
+    ("function word", "nor do i remember the company", []),
     ("phone", "mobile: 730 064 218", [("PHONE", "730 064 218")]),
     ("phone", "call (73) 4746-3459", [("PHONE", "(73) 4746-3459")]),
     ("phone", "my number is 96 466712", [("PHONE", "96 466712")]),
