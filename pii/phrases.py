@@ -150,6 +150,8 @@ def _name_kind(ws: list[str], i: int, text: str, at) -> str | None:
         noun, kind = ws[i - 2], ws[i - 3]
     else:
         noun, kind = p1, ws[i - 2] if i > 1 else ""
+        if noun != "surname" and kind not in _NAME_KINDS:
+            return None
         if text[at(i - 1)[1] : at(i)[0]].strip() not in (":", "?", "-"):
             return None  # "my surname wall" is no phrasing
     if noun == "surname":
@@ -176,7 +178,7 @@ def phrase_name_spans(text: str) -> list[tuple[int, int]]:
 
     def at(i: int) -> tuple[int, int]:
         if not offs:
-            offs.extend(m.span() for m in token_re.finditer(src))
+            offs.extend([m.span() for m in token_re.finditer(src)])
         return offs[i]
 
     # Only the word after a phrasing's last word, and a possessive, can be a name.
@@ -246,19 +248,17 @@ def phrase_name_spans(text: str) -> list[tuple[int, int]]:
     ands = [i for i in range(1, n - 1) if ws[i] in _AND] if "and" in ws or "&" in ws else ()
     for i in ands:  # "me and tom", "jack and grace"
         a, b = ws[i - 1], ws[i + 1]
-        if (
-            i > 1
-            and ws[i - 2] in _STOP
-            and ws[i - 2] not in _SELF
+        if a in _SELF:
+            names = [i + 1] if _name_like(b, 5.2, False) else []
+        elif b in _SELF:
+            names = [i - 1] if _name_like(a, 5.2, False) else []
+        else:
+            names = [i - 1, i + 1] if _name_like(a, 5.0, False) and _name_like(b, 5.0, False) else []
+        if names and not (
+            i > 1 and ws[i - 2] in _STOP and ws[i - 2] not in _SELF
             and not text[at(i - 2)[1] : at(i - 1)[0]].strip()
-        ):
-            continue  # "on holiday and i", "the cash and card": not a name in front
-        if a in _SELF and _name_like(b, 5.2, False):
-            out.append(at(i + 1))
-        elif b in _SELF and _name_like(a, 5.2, False):
-            out.append(at(i - 1))
-        elif _name_like(a, 5.0, False) and _name_like(b, 5.0, False):
-            out += [at(i - 1), at(i + 1)]
+        ):  # not "on holiday and i", "the cash and card": no name in front
+            out += [at(j) for j in names]
     return sorted(set(out))
 
 
