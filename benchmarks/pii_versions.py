@@ -48,7 +48,7 @@ def worker(checkout: str) -> None:
     """Run in a checkout: load it, warm up on every workload, then per line on stdin (a
     workload's name) time one pass over it and print the seconds."""
     sys.path.insert(0, checkout)
-    from pii import detector as pii  # noqa: PLC0415: the checkout's, on the path above
+    from pii import detector as pii  # the checkout's, on the path above
 
     assert Path(pii.__file__).resolve().is_relative_to(Path(checkout).resolve()), pii.__file__
     texts = {name: _texts(name) for name in WORKLOADS}
