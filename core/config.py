@@ -376,11 +376,14 @@ class TrainingConfig(_Section):
     # one of lower priority (e.g. a production retrain 100, an experiment 1; equals never
     # preempt each other). The preempted trainer checkpoints and exits within one optimizer
     # step; after `preempt_grace_seconds` the controller kills it. Its task is rescheduled
-    # (no retry used up) `reschedule_seconds` later and resumes from the checkpoint.
+    # (no retry used up) `reschedule_seconds` later and resumes from the checkpoint. At
+    # least 15 s: Airflow (3.x, apache/airflow#71172) uses up a retry when the executor's
+    # report of the rescheduled attempt arrives after the task went back to `scheduled`,
+    # and that report took 6 s on a busy 2-core host.
     priority: int = Field(1, ge=0, le=1000, description="Preemption priority of this run's "
                           "training (a production retrain outranks an experiment)")
     preempt_grace_seconds: float = Field(120.0, gt=0, le=3600)
-    reschedule_seconds: float = Field(60.0, ge=1, le=86400)
+    reschedule_seconds: float = Field(60.0, ge=15, le=86400)
     # "Serve by day, train by night": training starts only inside this daily window
     # ("22:00-06:00", host local time; empty: any time; the train task is rescheduled to
     # the window's opening), and the autoscaler holds serving at its minimum replicas in it.

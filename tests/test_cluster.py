@@ -79,7 +79,7 @@ def cluster(project_env):
         # Training on two nodes (compose's variables, which the shape reads as compose does):
         # the DAG's train_node task joins the train task's rendezvous.
         INTENTOPS_TRAINING_NNODES="2", INTENTOPS_TRAINING_NPROC_PER_NODE="1",
-        INTENTOPS__TRAINING__RESCHEDULE_SECONDS="5",
+        INTENTOPS__TRAINING__RESCHEDULE_SECONDS="20",
         # A task whose worker died stops heartbeating: noticed after 30 s, not 5 minutes.
         AIRFLOW__SCHEDULER__TASK_INSTANCE_HEARTBEAT_TIMEOUT="30",
         AIRFLOW__SCHEDULER__TASK_INSTANCE_HEARTBEAT_TIMEOUT_DETECTION_INTERVAL="5",

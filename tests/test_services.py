@@ -82,7 +82,7 @@ def services(tmp_path_factory, project_env):
         INTENTOPS__TRAINING__HPARAMS__LR="0.002",
         INTENTOPS__DEPLOY__BAKE_SECONDS="3",
         # A preempted training is picked up again this soon (the default is a minute).
-        INTENTOPS__TRAINING__RESCHEDULE_SECONDS="5",
+        INTENTOPS__TRAINING__RESCHEDULE_SECONDS="20",
         # The monitoring check's reference, so its test does not depend on which model is
         # the champion: Banking77's train split as a curated set (the champion's training
         # data is found through the registry otherwise; tests/test_drift.py).
