@@ -24,6 +24,7 @@ from __future__ import annotations
 import importlib
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 from core import codeversion
@@ -98,6 +99,18 @@ POOLS: tuple[tuple[str, int, str], ...] = (
     (TRAINING_NODES_POOL, 1, "the extra nodes of a multi-node training (train_node tasks)"),
     (REGISTRY_POOL, 1, "model registry writes, one at a time"),
 )
+
+
+def airflow_setup_commands(folder: Path) -> list[list[str]]:
+    """The ``airflow`` commands that prepare an Airflow home for the DAGs: the database,
+    then every pool at once (``pools import`` of a file written into ``folder``; each
+    ``airflow`` command costs about 4 s of start-up, one ``pools set`` per pool 15 s)."""
+    import json
+
+    path = folder / "intentops-pools.json"
+    path.write_text(json.dumps({name: {"slots": slots, "description": what, "include_deferred": False}
+                                for name, slots, what in POOLS}, indent=1))  # fmt: skip
+    return [["db", "migrate"], ["pools", "import", str(path)]]
 
 STAGES: tuple[Stage, ...] = (
     Stage("clean", (), ("input", "clean", "oos", "spark"), "jobs.spark.clean:run",

@@ -387,7 +387,7 @@ class Cluster(Services):
                *(f"celery_worker_{i}" for i in range(1, WORKERS + 1)))
 
     def _airflow_up(self, state: dict[str, Any], env: dict[str, str]) -> list[str]:
-        from core.stages import POOLS
+        from core.stages import airflow_setup_commands
 
         if all(self.alive(state.get(n)) for n in self.AIRFLOW):
             return []
@@ -395,7 +395,7 @@ class Cluster(Services):
         home.mkdir(parents=True, exist_ok=True)
         pwfile = home / "passwords.json"
         create_private(pwfile, json.dumps({"admin": self.settings["AIRFLOW_ADMIN_PASSWORD"]}))
-        for cmd in (["db", "migrate"], *(["pools", "set", name, str(slots), what] for name, slots, what in POOLS)):
+        for cmd in airflow_setup_commands(home):
             out = subprocess.run([str(self.bin / "airflow"), *cmd], env=env, cwd=PROJECT_ROOT,
                                  capture_output=True, text=True, timeout=900)
             if out.returncode != 0:

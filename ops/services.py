@@ -239,10 +239,9 @@ class Services:
         started += self._label_studio_up(state)
 
         if not self.alive(state.get("airflow")):
-            from core.stages import POOLS
+            from core.stages import airflow_setup_commands
 
-            for cmd in (["db", "migrate"],
-                        *(["pools", "set", name, str(slots), what] for name, slots, what in POOLS)):
+            for cmd in airflow_setup_commands(self.root):
                 out = subprocess.run([str(self.bin / "airflow"), *cmd], env=env, cwd=PROJECT_ROOT,
                                      capture_output=True, text=True, timeout=900)
                 if out.returncode != 0:

@@ -56,13 +56,11 @@ def airflow_env(tmp_path_factory, project_env, mlflow_server):
     raw = base / "raw"
     subprocess.run([sys.executable, "-m", "demo.builder", "--out", str(raw), "--rows", str(ROWS),
                     "--seed", "3", "--format", "csv"], env=env, cwd=ROOT, check=True, timeout=600)
-    subprocess.run(["airflow", "db", "migrate"], env=env, cwd=ROOT, check=True, timeout=600,
-                   capture_output=True)
-    from core.stages import POOLS
+    from core.stages import airflow_setup_commands
 
-    for name, slots, what in POOLS:
-        subprocess.run(["airflow", "pools", "set", name, str(slots), what], env=env,
-                       cwd=ROOT, check=True, timeout=300, capture_output=True)
+    for cmd in airflow_setup_commands(base):
+        subprocess.run(["airflow", *cmd], env=env, cwd=ROOT, check=True, timeout=600,
+                       capture_output=True)
     # Airflow's StatsD metrics and the stages' own go to the project's bridge, as under
     # `make up` (ops/monitoring/stack.py statsd_env).
     from conftest import _free_port

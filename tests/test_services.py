@@ -310,7 +310,7 @@ def test_a_waiting_higher_priority_training_preempts_a_running_experiment(servic
     exp = "intentops_experiment"
     api("PATCH", f"/dags/{exp}", json={"is_paused": False})
     small = {"model": "small", "learning_rate": 0.002, "epochs": 10}
-    low = api.trigger({**small, "max_steps": 300}, dag_id=exp)
+    low = api.trigger({**small, "max_steps": 150}, dag_id=exp)
     lease = _wait("the experiment's training to start", lambda: next(
         (json.loads(p.read_text()) for p in lease_dir(lake).glob("*.json")
          if json.loads(p.read_text())["run_id"] == low), None), timeout=600, poll=1)
@@ -338,23 +338,28 @@ def test_a_waiting_higher_priority_training_preempts_a_running_experiment(servic
     assert train[high]["end_date"] < train[low]["end_date"]
     out = Path(json.loads((run_dir(lake, low) / "train.json").read_text())["path"])
     metrics = json.loads((out / "metrics.json").read_text())
-    assert metrics["steps"] == 300 and len(metrics["resumed_from_steps"]) == 1, metrics
-    assert 0 < metrics["resumed_from_steps"][0] < 300
+    assert metrics["steps"] == 150 and len(metrics["resumed_from_steps"]) == 1, metrics
+    assert 0 < metrics["resumed_from_steps"][0] < 150
     source = json.loads((run_dir(lake, low) / "experiment.json").read_text())["source_run"]
     assert (run_dir(lake, source) / "labelqa.json").exists() and not (run_dir(lake, source) / "experiment.json").exists()
     assert f"experiment on the data of run {source}" in (run_dir(lake, low) / "summary.txt").read_text()
     assert (lake / "runs" / "LATEST").read_text().strip() not in (low, high)  # LATEST names pipeline runs
 
 
-@pytest.mark.timeout(1800)  # two daily runs side by side, then the same two as cache hits
+@pytest.mark.timeout(1800)  # a daily run, then the same as a cache hit
 def test_backfill_reads_its_days_and_a_second_backfill_is_all_cache_hits(services, api, registry):
+    """A backfill of one day of the daily export: its run reads that day's partition only
+    (not the whole folder the scheduled runs read), is refused at registration, and the
+    same backfill again ("reprocess completed") is the same run with every stage a cache
+    hit. (One day, not two: a pipeline run costs minutes here, and two concurrent runs
+    sharing the pools are the preemption test's.)"""
     env, base, raw, info = services
     # The day's models must not displace the champion of the test above: an impossible
     # registration margin has the registry gate reject them. A refused registration is a
     # failed register task with the reason (export and deploy do not run), so the runs end
     # failed, not green with no model.
-    body = {"dag_id": DAG, "from_date": "2026-11-02T00:00:00Z", "to_date": "2026-11-03T00:00:00Z",
-            "max_active_runs": 2,  # both days at once: Spark and training share their pools
+    body = {"dag_id": DAG, "from_date": "2026-11-02T00:00:00Z", "to_date": "2026-11-02T00:00:00Z",
+            "max_active_runs": 1,
             # A day holds a few hundred items: the label-QA suspect rate of so small a sample
             # swings past the 5% bar, which is not what this test is about.
             "dag_run_conf": {"input_path": str(raw / "daily"), **CONF, "registration_margin": 1.0,
@@ -362,7 +367,7 @@ def test_backfill_reads_its_days_and_a_second_backfill_is_all_cache_hits(service
     versions_before = _versions(registry)
 
     def backfill(reprocess: str) -> list[str]:
-        """Create the backfill; wait until both its runs ended after it was created."""
+        """Create the backfill; wait until its run ended after it was created."""
         created = api.create_backfill({**body, "reprocess_behavior": reprocess})
         started = created["created_at"]
         deadline = time.monotonic() + 1500
@@ -371,7 +376,7 @@ def test_backfill_reads_its_days_and_a_second_backfill_is_all_cache_hits(service
         while time.monotonic() < deadline:
             runs = [r for r in api("GET", f"/dags/{DAG}/dagRuns", params={"run_type": "backfill", "limit": 50})["dag_runs"]
                     if r["data_interval_start"][:10] in ("2026-11-02", "2026-11-03")]
-            if len(runs) == 2 and all(r["state"] in ("success", "failed") and (r["end_date"] or "") > started
+            if len(runs) == 1 and all(r["state"] in ("success", "failed") and (r["end_date"] or "") > started
                                       for r in runs):
                 states = {r["dag_run_id"]: api.task_states(r["dag_run_id"]) for r in runs}
                 assert all(r["state"] == "failed" for r in runs), states
@@ -388,11 +393,11 @@ def test_backfill_reads_its_days_and_a_second_backfill_is_all_cache_hits(service
     for run_id in first:
         cfg = json.loads((run_dir(lake, run_id) / "config.json").read_text())
         days[run_id] = cfg["input"]["partitions"]
-    assert sorted(days.values()) == [["date=2026-11-02"], ["date=2026-11-03"]]
+    assert sorted(days.values()) == [["date=2026-11-02"]]
     clean_rows = sum(json.loads((run_dir(lake, r) / "summary.json").read_text())["stages"][0]["rows_in"]
                      for r in first)
     per_day = {p.parent.name: sum(1 for _ in p.open()) - 1 for p in (raw / "daily").glob("date=*/raw.csv")}
-    assert clean_rows == per_day["date=2026-11-02"] + per_day["date=2026-11-03"]
+    assert clean_rows == per_day["date=2026-11-02"] < sum(per_day.values())
 
     for run_id in first:
         summary = json.loads((run_dir(lake, run_id) / "summary.json").read_text())
