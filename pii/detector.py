@@ -212,9 +212,29 @@ def _names_before_addresses(
 _NAME_COUNTRIES = frozenset(("chad", "georgia", "jordan", "israel", "india", "kenya"))
 
 
+# Words after which a capitalized or name-like word is a place: "lives in Stora Vika",
+# "moved here from São Paulo", "based in Newell".
+_PLACE_BEFORE_RE = re.compile(
+    r"(?i:\b(?:lives?|living|lived|based|located|situated|born|stationed|holiday|vacation)\s+in"
+    r"|\bmoved?\s+(?:here\s+|there\s+)?(?:from|to)|\bmoving\s+(?:to|from)"
+    r"|\b(?:flew|flying|fly|travel(?:l?ing|l?ed)?|trip|relocat(?:e|ed|ing))\s+to)"
+    r"\s+(?:([^\W\d_]+)\s+)?$"  # a place's first word the model left ("stora vika", "são paulo")
+)
+
+
+def _rare_word(low: str) -> bool:
+    """Not a common English word (Zipf under 4.5 in the name table, or not in it)."""
+    from pii.model import table
+
+    hit = table().get(low)
+    return hit is None or hit[2] < 4.5
+
+
 def _no_countries(text: str, found: list[tuple[int, int, str]]) -> list[tuple[int, int, str]]:
     """Without the PERSON spans the token model found on a country's name ("Slovenia",
-    "czech republic"): the name table holds many countries as rare given names."""
+    "czech republic": the name table holds many countries as rare given names) or right
+    after a phrase that names a place ("lives in Stora Vika", "moved here from São
+    Paulo")."""
     countries = None
     out = []
     for s, e, ent in found:
@@ -224,6 +244,9 @@ def _no_countries(text: str, found: list[tuple[int, int, str]]) -> list[tuple[in
             low = " ".join(text[s:e].lower().split())
             if low in countries and low not in _NAME_COUNTRIES:
                 continue
+            m = _PLACE_BEFORE_RE.search(text, max(s - 30, 0), s)
+            if m and (m.group(1) is None or _rare_word(m.group(1).lower())):
+                continue  # not "a trip to see anna": a common word between is no place's
         out.append((s, e, ent))
     return out
 
