@@ -10,6 +10,7 @@ model need read a message at all) are what ``detect`` runs."""
 
 from __future__ import annotations
 
+import functools
 import re
 
 from pii.casing import _by_first_char, _case_forms, _lower_is_ignorecase
@@ -209,19 +210,14 @@ _SECOND_STREET_RE = re.compile(
 )
 
 
+@functools.cache
 def _country_names() -> frozenset[str]:
     """The English names of the regions libphonenumber's geocoder knows (lower case)."""
-    global _COUNTRIES
-    if _COUNTRIES is None:
-        from phonenumbers.geocoder import _region_display_name
-        from phonenumbers.geodata.locale import LOCALE_DATA
+    from phonenumbers.geocoder import _region_display_name
+    from phonenumbers.geodata.locale import LOCALE_DATA
 
-        names = {_region_display_name(code, "en") for code in LOCALE_DATA}
-        _COUNTRIES = frozenset(n.lower() for n in names if n)
-    return _COUNTRIES
-
-
-_COUNTRIES: frozenset[str] | None = None
+    names = {_region_display_name(code, "en") for code in LOCALE_DATA}
+    return frozenset(n.lower() for n in names if n)
 
 
 def address_parts(text: str, found: list[tuple[int, int, str]]) -> list[tuple[int, int, str]]:
