@@ -117,7 +117,7 @@ def main() -> None:
     }  # fmt: skip
     dest = ROOT / args.results
     dest.write_text(json.dumps(result, indent=1))
-    print("wrote", dest.relative_to(ROOT))
+    print("wrote", dest)
 
 
 if __name__ == "__main__":

@@ -210,6 +210,73 @@ _SECOND_STREET_RE = re.compile(
 )
 
 
+# A postal address's lines after its street: line breaks (as written or escaped "\\n",
+# which upper-casing makes "\\N"), then what a form or an export puts in front ("}} ").
+_NEXT_LINE_RE = re.compile(r"[ \t,]*(?:(?:\n|\\[nN])[ \t]*)+[^\w\n\\]{0,4}")
+_LINE_STOP_RE = re.compile(r"[ \t]*(?:\n|\\[nN]|$)")
+_UNIT_LINE_RE = re.compile(
+    r"(?i:suite|ste\.?|apt\.?|apartment|unit|flat|room|floor|p\.?\s?o\.?\s?box)\s*#?\d{1,5}[A-Za-z]?"
+)
+# A town: one to six words of letters (inner hyphens, apostrophes, slashes, a dot after an
+# abbreviation), the first a capital in text with case, then maybe a region code and a
+# postcode ("San Giovanni Di Casarsa PN 33072", "Vale Covo LE 2540-742").
+_POSTCODE = r"(?:\d{4,6}(?:-\d{3,4})?|[A-Z]{1,2}\d[A-Z\d]?\s?\d[A-Z]{2})"
+_TOWN_LINE_RE = re.compile(
+    r"([^\W\d_][\w'’./-]*(?:[ \t]+[^\W\d_][\w'’./-]*){0,5}?)(?:[ \t,]+([A-Z]{2,3}[ \t]+)?("
+    + _POSTCODE
+    + "))?"
+)
+
+
+def _line_at(text: str, pos: int) -> tuple[int, int] | None:
+    """The next line after ``pos`` (past the line breaks and a form's marks), if ``pos``
+    ends a line."""
+    if (m := _NEXT_LINE_RE.match(text, pos)) is None or m.end() == pos:
+        return None
+    end = _LINE_STOP_RE.search(text, m.end()).start()
+    return (m.end(), end) if end > m.end() else None
+
+
+def _block_end(text: str, e: int) -> int:
+    """Where the postal address that ends a line at ``e`` ends: past its unit line, and
+    past its town line when a country's line follows it or the town carries a postcode,
+    and past that country's line ("178 Klímova 702\n Apt. 908\n Vlastejovice\n Czech
+    Republic 40036"). A line that is none of these ends it."""
+    line = _line_at(text, e)
+    if line and _UNIT_LINE_RE.fullmatch(text, *line):
+        e, line = line[1], _line_at(text, line[1])
+    if line is None or not (town := _TOWN_LINE_RE.fullmatch(text, *line)):
+        return e
+    if _is_country_line(text, *line):
+        return line[1]
+    if (after := _line_at(text, line[1])) and _is_country_line(text, *after):
+        return after[1]
+    return line[1] if town.group(3) else e
+
+
+def _is_country_line(text: str, s: int, e: int) -> bool:
+    """A country's name alone on its line, or followed by a postcode ("Czech Republic
+    40036")."""
+    words = text[s:e].rstrip(" \t.0123456789-").lower().split()
+    return 0 < len(words) <= 4 and " ".join(words) in _country_names()
+
+
+# "the corner of Mariatal 2 St. and Oskar Lane St.": both streets of an intersection, the
+# second ending in a street type.
+_CORNER_RE = re.compile(
+    r"\bcorner[ \t]+of[ \t]+([^\n]{1,60}?[ \t]+(?:and|&)[ \t]+(?:[^\W\d_][\w'’.-]*[ \t]+){0,3}?(?:"
+    + "|".join(sorted(map(re.escape, _EN_STREET), key=len, reverse=True))
+    + r")\b\.?(?:[ \t]+st\b\.?)?)",
+    re.IGNORECASE,
+)
+
+
+def corner_spans(text: str) -> list[tuple[int, int]]:
+    """The intersections a message names ("the corner of 86 Pavlou Drandaki St. and Luke
+    Throughway"): from the first street to the second's type."""
+    return [m.span(1) for m in _CORNER_RE.finditer(text)]
+
+
 @functools.cache
 def _country_names() -> frozenset[str]:
     """The English names of the regions libphonenumber's geocoder knows (lower case)."""
@@ -234,6 +301,7 @@ def address_parts(text: str, found: list[tuple[int, int, str]]) -> list[tuple[in
         if ent.startswith("PERSON") and (s, e) in towns:
             continue
         if ent.startswith("ADDRESS"):
+            e = _block_end(text, e)  # the lines of a postal address after its street
             # The town after the street, read as a name ("12 rue X, Paris"): the address's.
             if (m := _COMMA_RE.match(text, e)) and (te := names.get(m.end())) and _TOWN_END_RE.match(
                 text, te
@@ -256,4 +324,23 @@ def address_parts(text: str, found: list[tuple[int, int, str]]) -> list[tuple[in
                 ts < m.end(2) and m.start(2) < te for ts, te in taken
             ):
                 out.append((m.start(2), m.end(2), "ADDRESS~address-parts"))
-    return out
+    return _joined_addresses(out)
+
+
+def _joined_addresses(found: list[tuple[int, int, str]]) -> list[tuple[int, int, str]]:
+    """Overlapping ADDRESS spans as one (the union; the source of the longest): two
+    readings of one address, one of which reaches its building number and the other its
+    last line."""
+    if sum(ent.startswith("ADDRESS") for *_, ent in found) < 2:
+        return found
+    out = [d for d in found if not d[2].startswith("ADDRESS")]
+    joined: list[list] = []  # [start, end, source, longest]
+    for s, e, ent in sorted(d for d in found if d[2].startswith("ADDRESS")):
+        if joined and s < joined[-1][1]:
+            last = joined[-1]
+            last[1] = max(last[1], e)
+            if e - s > last[3]:
+                last[2:] = [ent, e - s]
+        else:
+            joined.append([s, e, ent, e - s])
+    return out + [(s, e, ent) for s, e, ent, _ in joined]

@@ -67,7 +67,13 @@ from pii.addresses import _EN_STREET as _EN_STREET
 from pii.addresses import _EN_STREET_SET as _EN_STREET_SET
 from pii.addresses import _FR_VOIE as _FR_VOIE
 from pii.addresses import _SUFFIX_EN as _SUFFIX_EN
-from pii.addresses import _address_rules, _country_names, _may_hold_address, address_parts
+from pii.addresses import (
+    _address_rules,
+    _country_names,
+    _may_hold_address,
+    address_parts,
+    corner_spans,
+)
 from pii.addresses import rule_address_spans as rule_address_spans
 from pii.casing import _case_forms
 from pii.casing import _is_caseless as _is_caseless
@@ -85,7 +91,7 @@ from pii.names import _RUN_RE as _RUN_RE
 from pii.names import _TITLES as _TITLES
 from pii.names import _cue_starts, _may_hold_cased_name, _names
 from pii.names import rule_name_spans as rule_name_spans
-from pii.phrases import list_name_spans, phrase_name_spans
+from pii.phrases import list_name_spans, name_pair_spans, phrase_name_spans, repeated_name_spans
 from pii.pseudonyms import canonical as canonical
 from pii.pseudonyms import pseudonym
 
@@ -238,7 +244,7 @@ def _no_countries(text: str, found: list[tuple[int, int, str]]) -> list[tuple[in
     countries = None
     out = []
     for s, e, ent in found:
-        if ent == "PERSON~name-model":
+        if ent in ("PERSON~name-model", "PERSON~name-pair"):
             if countries is None:
                 countries = _country_names()
             low = " ".join(text[s:e].lower().split())
@@ -249,6 +255,43 @@ def _no_countries(text: str, found: list[tuple[int, int, str]]) -> list[tuple[in
                 continue  # not "a trip to see anna": a common word between is no place's
         out.append((s, e, ent))
     return out
+
+
+# What ends a company's name: a legal form ("Inc.", "PLC", "GmbH"), or "and Sons" /
+# "& Co." before one or at the end. After one or two more capitalized words ("Ernst Young
+# LLP", "Douglas Emmett Realty Inc") in text with case; without case, only right after.
+_ORG_FORMS = (  # in any case
+    r"inc|incorporated|corp|corporation|llc|l\.l\.c|ltd|plc|llp|gmbh|kgaa|bancorp|bancshares"
+    r"|holdings|s\.a|s\.p\.a|s\.a\.s|a\.g"
+)
+_ORG_FORMS_AS_WRITTEN = r"Limited|Group|SA|AG|NV|BV|AB|ASA|OYJ|SpA|SE|LP|Co"  # common words else
+_ORG_TAIL = r"(?i:[ \t]*,?[ \t]*(?:and|&)[ \t]+(?:sons|co|company|associates|partners)\b)"
+_ORG_AFTER_CASED_RE = re.compile(
+    rf"(?:[ \t]+[A-Z][\w'’.-]*){{0,2}}?"
+    rf"(?:{_ORG_TAIL}|[ \t]*,?[ \t]+(?:(?i:{_ORG_FORMS})|{_ORG_FORMS_AS_WRITTEN})\b)"
+)
+_ORG_AFTER_CASELESS_RE = re.compile(rf"{_ORG_TAIL}|(?i:[ \t]*,?[ \t]+(?:{_ORG_FORMS})\b)")
+
+
+# The PERSON sources that read a word's likeness to a name, not a phrase that says so.
+_GUESSED_NAMES = frozenset(("PERSON~name-model", "PERSON~name-list", "PERSON~name-pair"))
+
+
+def _no_organizations(
+    text: str, found: list[tuple[int, int, str]], caseless: bool
+) -> list[tuple[int, int, str]]:
+    """Without the PERSON spans guessed from the words (the token model, a list, a name
+    pair) in a company's name ("Johnson Matthey PLC", "Samuel Heath and Sons PLC", "Douglas
+    Emmett Inc."): the words in front of a legal form. Names a phrase says are names ("Dr.
+    ...", "my name is ...") stay."""
+    if not any(ent in _GUESSED_NAMES for *_, ent in found):
+        return found
+    rx = _ORG_AFTER_CASELESS_RE if caseless else _ORG_AFTER_CASED_RE
+    return [
+        (s, e, ent)
+        for s, e, ent in found
+        if ent not in _GUESSED_NAMES or not rx.match(text, e)
+    ]
 
 
 def detect(text: str) -> list[Detection]:
@@ -275,6 +318,8 @@ def detect(text: str) -> list[Detection]:
         for s, e in rules
         if not caseless or address_like(text[s:e].split())
     ]
+    if "corner" in low:  # "the corner of 86 Pavlou Drandaki St. and Luke Throughway"
+        found += [(s, e, "ADDRESS~corner") for s, e in corner_spans(text)]
     cued, pairs = (
         _names(scan, caseless, _cue_starts(scan, low, caseless))
         if caseless or _may_hold_cased_name(text, low)
@@ -291,18 +336,28 @@ def detect(text: str) -> list[Detection]:
         found += [(s, e, "PERSON") for s, e in cued]  # case they mask "signed up"
     # Casual phrasings that introduce a name ("call me will", "text bob", "my husband, will,").
     found += [(s, e, "PERSON~name-phrase") for s, e in phrase_name_spans(text)]
-    # The rest of a list of names ("founders: Zweig, Coleman and Gray").
-    found += [
-        (s, e, "PERSON~name-list")
-        for s, e in list_name_spans(
-            text, [(s, e) for s, e, ent in found if ent.startswith("PERSON")]
-        )
-    ]
+    # Without case: a first name and a family name side by side ("virginia adkins").
+    if caseless:
+        found += [(s, e, "PERSON~name-pair") for s, e in name_pair_spans(text, caseless)]
+    if "," in text:  # the rest of a list of names ("founders: Zweig, Coleman and Gray")
+        found += [
+            (s, e, "PERSON~name-list")
+            for s, e in list_name_spans(
+                text, [(s, e) for s, e, ent in found if ent.startswith("PERSON")], caseless
+            )
+        ]
 
     if not found:
         return []
+    found = _no_organizations(text, _no_countries(text, found), caseless)
+    # The other mentions of a name found once ("Toby West ... West was influenced").
+    found += [
+        (s, e, "PERSON~name-repeat")
+        for s, e in repeated_name_spans(
+            text, [(s, e) for s, e, ent in found if ent.startswith("PERSON")], caseless
+        )
+    ]
     found = _names_before_addresses(text, address_parts(text, found))
-    found = _no_countries(text, found)
     if (apart := _apart(found)) is not None:
         return [_detection(text, s, e, ent) for s, e, ent in apart if ent != "_BLOCK"]
     found.sort(key=lambda d: (PRIORITY[d[2].partition("~")[0]], d[0] - d[1], d[0]))

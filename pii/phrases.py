@@ -270,25 +270,151 @@ _LIST_RE = re.compile(
 _LIST_ITEM_RE = re.compile(r"[^\W\d_]+")
 
 
-def list_name_spans(text: str, names: list[tuple[int, int]]) -> list[tuple[int, int]]:
+def _family_names(items: list[tuple[int, int, str]], hits: list) -> bool:
+    """Whether every word of a list is a family name and half of them rare in English."""
+    return all(
+        h is not None and w.lower() not in _STOP and 0 < h[1] <= 2000 and h[2] < 5.5
+        for h, (*_, w) in zip(hits, items, strict=True)
+    ) and sum(h[2] < 4.0 for h in hits) * 2 >= len(hits)
+
+
+def list_name_spans(
+    text: str, names: list[tuple[int, int]], caseless: bool | None = None
+) -> list[tuple[int, int]]:
     """The other words of a list most of whose words are names found already ("founders:
     Zweig, Coleman and Gray" with Zweig and Coleman found): each a first or last name
-    somewhere and no function word; in text with case, capitalized."""
-    if not names or ("," not in text) or not _LIST_RE.search(text):
+    somewhere and no function word; in text with case, capitalized. And a list all of
+    whose words are family names (rank 2,000 or better somewhere, Zipf under 5.5, at least
+    half of them rare in English, Zipf under 4: "reid, fletcher and smith"), found or not."""
+    if "," not in text or not ("and" in text or "&" in text or "AND" in text or "And" in text):
+        return []  # a list needs both (a quick test before the pattern)
+    if not _LIST_RE.search(text):
         return []
-    caseless = _is_caseless(text)
+    caseless = _is_caseless(text) if caseless is None else caseless
+    t = table()
     out = []
     for m in _LIST_RE.finditer(text):
         items = [(w.start(), w.end(), w.group()) for w in _LIST_ITEM_RE.finditer(m.group())]
         items = [(m.start() + s, m.start() + e, w) for s, e, w in items if w.lower() not in _AND]
+        hits = [t.get(w.lower()) for *_, w in items]
+        if (caseless or all(w[0].isupper() for *_, w in items)) and _family_names(items, hits):
+            out += [(s, e) for s, e, _ in items]
+            continue
         found = [any(ns <= s and e <= ne for ns, ne in names) for s, e, _ in items]
         if sum(found) * 2 < len(items):
             continue
-        for (s, e, w), f in zip(items, found, strict=True):
-            low = w.lower()
-            hit = table().get(low)
-            if f or low in _STOP or hit is None or not (hit[0] or hit[1]):
+        for (s, e, w), f, hit in zip(items, found, hits, strict=True):
+            if f or w.lower() in _STOP or hit is None or not (hit[0] or hit[1]):
                 continue
             if caseless or w[0].isupper():
                 out.append((s, e))
     return out
+
+
+# A word of a name and where it ends: letters with inner apostrophes or hyphens.
+_NAME_WORD_RE = re.compile(r"[^\W\d_]+(?:['’-][^\W\d_]+)*")
+# Where a sentence starts: the text's start or after ". ", "! ", "? ", a line break.
+_SENTENCE_START_RE = re.compile(r"(?:^|[.!?:;\n]\s*|\\[nN]\s*)$")
+
+
+def repeated_name_spans(
+    text: str, names: list[tuple[int, int]], caseless: bool | None = None
+) -> list[tuple[int, int]]:
+    """The other mentions of a name found once ("Toby West ... West was influenced", "Luis
+    Castro ... Castro's song", "hi, i'm anna kowalski ... anna"): each word of at least
+    three letters of a name span, wherever else in the message it stands as a word of its
+    own (a possessive "'s" may follow). In text with case, only as written, capitalized,
+    and a word common in English (Zipf 4.5 or more: "West", "Will") not at a sentence's
+    start; without case, only words rare in English ("toby west ... west" stays). Not
+    next to a name found ("Bora Bora": the model took one word of a place's name)."""
+    if not names:
+        return []
+    caseless = _is_caseless(text) if caseless is None else caseless
+    words: dict[str, bool] = {}  # the word as matched -> common in English
+    for s, e in names:
+        for m in _NAME_WORD_RE.finditer(text, s, e):
+            w = m.group()
+            low = w.lower()
+            if len(w) < 3 or low in _STOP or (not caseless and not w[0].isupper()):
+                continue
+            hit = table().get(low)
+            common = hit is not None and hit[2] >= 4.5
+            if caseless and common:
+                continue
+            words[low if caseless else w] = common
+    scan = text.lower() if caseless else text
+    words = {w: c for w, c in words.items() if scan.count(w) > 1}  # most: said once
+    if not words:
+        return []
+    out = []
+    for m in _NAME_WORD_RE.finditer(text):
+        s, e = m.span()
+        if text.endswith(("'s", "’s", "'S", "’S"), s, e):
+            e -= 2  # "Castro's song"
+        word = text[s:e].lower() if caseless else text[s:e]
+        if (common := words.get(word)) is None or (s and text[s - 1] in "-'’"):
+            continue
+        if any(ns < e and s < ne for ns, ne in names) or any(
+            (ne <= s and not text[ne:s].strip()) or (e <= ns and not text[e:ns].strip())
+            for ns, ne in names
+        ):  # inside a name, or next to one ("Bora Bora": the model took one word)
+            continue
+        if common and _SENTENCE_START_RE.search(text, max(s - 4, 0), s):
+            continue
+        out.append((s, e))
+    return out
+
+
+# A first name, maybe a middle initial, and a family name, in text without case.
+_PAIR_RE = re.compile(
+    r"(?<![\w'’-])([^\W\d_]{2,})(?:[ \t]+(?![ai]\b)[^\W\d_]\.?)?[ \t]+"
+    r"([^\W\d_]{2,}(?:-[^\W\d_]{2,})?)(?![\w'’-])"
+)
+# Particles of place and company names that name lists hold as given names ("san
+# lorenzo", "du morbihan", "al maghrib").
+_NOT_FIRST = frozenset("""
+al el la le las los de del della di da das do dos du des van von der den ter san santa
+santo sao são saint st ste port fort mount lake long par man big little north south east
+west new old great upper lower
+""".split())
+
+
+def name_pair_spans(text: str, caseless: bool | None = None) -> list[tuple[int, int]]:
+    """Full names in text without case ("change it to virginia adkins", "producer jay
+    blackwell explained", "anna r shah"): a word that is a common first name somewhere
+    (rank 300 or better in some country) and not a very common English word (Zipf under
+    6), then a family name (rank 2,000 or better) rare as an English word (Zipf under 4;
+    not a word the table does not hold: typos are as common). Function words, greetings,
+    the words that follow a naming phrasing and the particles of place names ("san",
+    "du") are neither. In text with case, capitals already say this
+    (the token model reads them)."""
+    if not (_is_caseless(text) if caseless is None else caseless):
+        return []
+    firsts, lasts = _pair_words()
+    words = set(_PAIR_WORD_RE.findall(text.lower()))
+    if firsts.isdisjoint(words) or lasts.isdisjoint(words):
+        return []  # most messages: no first name, or no family name (a set look-up each)
+    out = []
+    pos = 0
+    while m := _PAIR_RE.search(text, pos):
+        pos = m.end(1) + 1  # pairs may share a word ("anna maria lopez")
+        if m.group(1).lower() in firsts and m.group(2).lower() in lasts:
+            out.append(m.span())
+    return out
+
+
+_PAIR_WORD_RE = re.compile(r"[^\W\d_]+(?:-[^\W\d_]+)*")  # the words _PAIR_RE reads
+
+
+@functools.cache
+def _pair_words() -> tuple[frozenset[str], frozenset[str]]:
+    """The words ``name_pair_spans`` takes as a first name and as a family name."""
+    firsts, lasts = set(), set()
+    for w, (first, last, zipf) in table().items():
+        if w in _STOP:
+            continue
+        if 0 < first <= 300 and zipf < 6.0 and w not in _NOT_FIRST:
+            firsts.add(w)
+        if 0 < last <= 2000 and zipf < 4.0:
+            lasts.add(w)
+    return frozenset(firsts), frozenset(lasts)
