@@ -38,6 +38,7 @@ shores skyway spring springs spur spurs square squares station stravenue stream 
 st streets summit terrace ter throughway trace track trafficway trail trailer tunnel
 turnpike underpass union unions valley valleys via viaduct view views village villages
 ville vista walk walks wall way ways well wells close gate gates wharf yard quay
+parade vale croft approach broadway embankment esplanade promenade wynd brae
 """.split()
 _FR_VOIE = ["rue", "avenue", "av.", "boulevard", "bd", "place", "chemin", "allée", "allee", "impasse", "quai", "route", "cours", "square", "passage", "voie", "sentier", "rond-point"]  # fmt: skip
 _DE_SUFFIX = ["straße", "strasse", "str.", "weg", "gasse", "platz", "allee", "ring", "damm", "ufer", "chaussee", "steig", "pfad", "markt", "berg", "hof", "garten"]  # fmt: skip

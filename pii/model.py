@@ -349,12 +349,23 @@ def address_context(
 
 
 _CURRENCY = frozenset("$£€¥₹")
+# Words after a number that make it an amount, a count or a time, not a house number
+# ("30 quid", "20 gbp", "3 days", "top 10 ways").
+_NOT_HOUSE_AFTER = frozenset("""
+quid pound pounds euro euros dollar dollars bucks cent cents pence grand percent pct
+gbp usd eur aud cad chf jpy nzd sek nok dkk pln huf czk inr cny hkd sgd zar mxn brl
+day days week weeks month months year years yrs hour hours hr hrs minute minutes min mins
+second seconds sec secs time times ways transactions payments attempts tries
+""".split())
+# Right after the digits: an amount ("50p", "30k") or an ordinal ("3rd floor": a street's
+# name has those, "3rd Street", never its house number).
+_NOT_HOUSE_SUFFIX = frozenset(("p", "k", "st", "nd", "rd", "th"))
 
 
 def _house_number(toks: list[tuple[int, int, str]], i: int, blocked) -> bool:
     """Whether number token ``i`` can be part of an address: 1 to 6 digits, not inside a
-    card, phone, IBAN or other identifier already found (``blocked`` spans), not an amount
-    ("$20", "12.50", "15%")."""
+    card, phone, IBAN or other identifier already found (``blocked`` spans), not an amount,
+    a count or an ordinal ("$20", "12.50", "15%", "30 quid", "3 days", "3rd")."""
     s, e, t = toks[i]
     if len(t) > 6 or any(bs <= s and e <= be for bs, be in blocked):
         return False
@@ -362,7 +373,8 @@ def _house_number(toks: list[tuple[int, int, str]], i: int, blocked) -> bool:
         return False
     if i + 1 < len(toks):
         nxt = toks[i + 1]
-        if nxt[2] == "%":
+        low = nxt[2].lower()
+        if nxt[2] == "%" or low in _NOT_HOUSE_AFTER or (nxt[0] == e and low in _NOT_HOUSE_SUFFIX):
             return False
         if nxt[2] in (".", ",") and nxt[0] == e and i + 2 < len(toks):
             after = toks[i + 2]
