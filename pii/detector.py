@@ -257,20 +257,31 @@ def _no_countries(text: str, found: list[tuple[int, int, str]]) -> list[tuple[in
     return out
 
 
-# What ends a company's name: a legal form ("Inc.", "PLC", "GmbH"), or "and Sons" /
-# "& Co." before one or at the end. After one or two more capitalized words ("Ernst Young
-# LLP", "Douglas Emmett Realty Inc") in text with case; without case, only right after.
+# What ends a company's name: a legal form ("Inc.", "PLC", "GmbH", "Co.Ltd."), or "and
+# Sons" / "& Co." before one or at the end. After one or two more capitalized words
+# ("Ernst Young LLP", "Douglas Emmett Realty Inc") in text with case; without case, only
+# right after.
 _ORG_FORMS = (  # in any case
-    r"inc|incorporated|corp|corporation|llc|l\.l\.c|ltd|plc|llp|gmbh|kgaa|bancorp|bancshares"
-    r"|holdings|s\.a|s\.p\.a|s\.a\.s|a\.g"
+    r"inc|incorporated|corp|corporation|llc|l\.l\.c|ltd|co\.?[ \t]?ltd|plc|llp|gmbh|kgaa|sarl"
+    r"|bancorp|bancshares|holdings|s\.a|s\.p\.a|s\.a\.s|s\.a\.r\.l|a\.g"
 )
-_ORG_FORMS_AS_WRITTEN = r"Limited|Group|SA|AG|NV|BV|AB|ASA|OYJ|SpA|SE|LP|Co"  # common words else
+# Common words or names in other uses: as written in text with case ("SA", "Co"); without
+# case, only the two-letter forms that no one's name is ("ag", "sa", "nv", "bv", "se").
+_ORG_FORMS_AS_WRITTEN = r"Limited|Group|SA|AG|NV|BV|AB|ASA|OYJ|SpA|SE|LP|Co"
+_ORG_FORMS_CASELESS = _ORG_FORMS + r"|ag|sa|nv|bv|se|oyj|asa|spa"
 _ORG_TAIL = r"(?i:[ \t]*,?[ \t]*(?:and|&)[ \t]+(?:sons|co|company|associates|partners)\b)"
 _ORG_AFTER_CASED_RE = re.compile(
     rf"(?:[ \t]+[A-Z][\w'’.-]*){{0,2}}?"
     rf"(?:{_ORG_TAIL}|[ \t]*,?[ \t]+(?:(?i:{_ORG_FORMS})|{_ORG_FORMS_AS_WRITTEN})\b)"
 )
-_ORG_AFTER_CASELESS_RE = re.compile(rf"{_ORG_TAIL}|(?i:[ \t]*,?[ \t]+(?:{_ORG_FORMS})\b)")
+_ORG_AFTER_CASELESS_RE = re.compile(
+    rf"{_ORG_TAIL}|(?i:[ \t]*,?[ \t]+(?:{_ORG_FORMS_CASELESS})\b)"
+)
+# A legal form as the span's own last word ("Biofrontera AG", "Musee Grevin SA").
+_ORG_END_CASED_RE = re.compile(rf"(?:^|\s)(?:(?i:{_ORG_FORMS})|{_ORG_FORMS_AS_WRITTEN})\.?$")
+_ORG_END_CASELESS_RE = re.compile(rf"(?i:(?:^|\s)(?:{_ORG_FORMS_CASELESS})\.?$)")
+# After a guessed name: "-182" makes it a brand ("Blink-182", "Covid-19").
+_BRAND_NUMBER_RE = re.compile(r"-\d")
 
 
 # The PERSON sources that read a word's likeness to a name, not a phrase that says so.
@@ -282,15 +293,18 @@ def _no_organizations(
 ) -> list[tuple[int, int, str]]:
     """Without the PERSON spans guessed from the words (the token model, a list, a name
     pair) in a company's name ("Johnson Matthey PLC", "Samuel Heath and Sons PLC", "Douglas
-    Emmett Inc."): the words in front of a legal form. Names a phrase says are names ("Dr.
-    ...", "my name is ...") stay."""
+    Emmett Inc.", "Biofrontera AG"): the words in front of a legal form, or ending in one;
+    nor a brand's ("Blink-182"). Names a phrase says are names ("Dr. ...", "my name is
+    ...") stay."""
     if not any(ent in _GUESSED_NAMES for *_, ent in found):
         return found
-    rx = _ORG_AFTER_CASELESS_RE if caseless else _ORG_AFTER_CASED_RE
+    after = _ORG_AFTER_CASELESS_RE if caseless else _ORG_AFTER_CASED_RE
+    end = _ORG_END_CASELESS_RE if caseless else _ORG_END_CASED_RE
     return [
         (s, e, ent)
         for s, e, ent in found
-        if ent not in _GUESSED_NAMES or not rx.match(text, e)
+        if ent not in _GUESSED_NAMES
+        or not (after.match(text, e) or end.search(text[s:e]) or _BRAND_NUMBER_RE.match(text, e))
     ]
 
 

@@ -388,7 +388,8 @@ def _house_number(toks: list[tuple[int, int, str]], i: int, blocked) -> bool:
 
 
 def candidates(
-    toks: list[tuple[int, int, str]], kind: str, blocked: list[tuple[int, int]] = ()
+    toks: list[tuple[int, int, str]], kind: str, blocked: list[tuple[int, int]] = (),
+    caseless: bool = False,
 ) -> list[int]:
     """The tokens a model scores; all others are not of its type. PERSON: words that pass
     ``person_candidate``. ADDRESS: tokens at most 3 tokens away from a house number (see
@@ -396,7 +397,7 @@ def candidates(
     if kind == "PERSON":
         return [
             i for i, (_s, _e, t) in enumerate(toks)
-            if t[0].isalpha() and t != "'s" and (person_candidate(t.lower()) or _initial(t))
+            if t[0].isalpha() and t != "'s" and (person_candidate(t.lower()) or _initial(t, caseless))
         ]  # fmt: skip
     nums = [i for i, (_s, _e, t) in enumerate(toks) if t[0].isdigit()]
     nums = [i for i in nums if _house_number(toks, i, blocked)]
@@ -413,8 +414,11 @@ def candidates(
 _INITIAL_GAP_RE = re.compile(r"[ \t]{1,2}([^\W\d_])\.?[ \t]{1,2}")
 
 
-def _initial(t: str) -> bool:
-    return len(t) == 1 and t.isupper() and t not in ("I", "A")  # "Francesca J Freeman"
+def _initial(t: str, caseless: bool = False) -> bool:
+    """A middle initial, in text with case ("Francesca J Freeman"); without case a single
+    letter is as often "u" or "r" (chat for "you", "are") and is no candidate: a name runs
+    across it all the same (``_INITIAL_GAP_RE``)."""
+    return len(t) == 1 and not caseless and t.isupper() and t not in ("I", "A")
 
 
 def _strip_punct(run: list[int], scored: list[tuple[int, int, str, float]]) -> list[int]:
@@ -500,7 +504,7 @@ class TokenModel:
         """Whether a word can pass the gate, wherever it stands."""
         if len(word) > 3 and word[-2:].lower() in _POSSESSIVE:
             word = word[:-2]
-        return (person_candidate(word.lower()) or _initial(word)) and max(
+        return (person_candidate(word.lower()) or _initial(word, caseless)) and max(
             self.own_score(person_own(word, caseless, bos)) for bos in (False, True)
         ) >= self.gate
 
@@ -576,7 +580,7 @@ class TokenModel:
             key = (tok, caseless, bos)
             base = cache.get(key)
             if base is None:
-                ok = tok != "'s" and (person_candidate(tok.lower()) or _initial(tok))
+                ok = tok != "'s" and (person_candidate(tok.lower()) or _initial(tok, caseless))
                 base = self.own_score(person_own(tok, caseless, bos)) if ok else -math.inf
                 cache[key] = base
             if base < self.gate:

@@ -75,7 +75,7 @@ def examples(samples: list[pii_eval.Sample], kind: str):
         blocked = pii.identifier_spans(s.text) if kind == "ADDRESS" else []
         info = pii_model.address_info(toks, caseless) if kind == "ADDRESS" else None
         ruled = pii_model.in_spans(toks, rules)
-        for i in pii_model.candidates(toks, kind, blocked):
+        for i in pii_model.candidates(toks, kind, blocked, caseless):
             ts, te, tok = toks[i]
             in_rule = i in ruled
             if kind == "PERSON":
