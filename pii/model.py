@@ -356,6 +356,14 @@ quid pound pounds euro euros dollar dollars bucks cent cents pence grand percent
 gbp usd eur aud cad chf jpy nzd sek nok dkk pln huf czk inr cny hkd sgd zar mxn brl
 day days week weeks month months year years yrs hour hours hr hrs minute minutes min mins
 second seconds sec secs time times ways transactions payments attempts tries
+hundred thousand million billion mn bn
+""".split())
+# Words before a number that make it an amount or a count ("withdraw 30", "nearly 13").
+_NOT_HOUSE_BEFORE = frozenset("""
+withdraw withdrew withdrawn withdrawing send sent sending pay paid paying transfer
+transferred spend spent charge charged cost costs owe owed refund refunded deposit
+deposited lend lent borrow borrowed exchange exchanged convert converted topped
+nearly almost about around approx approximately over under than least only just extra
 """.split())
 # Right after the digits: an amount ("50p", "30k") or an ordinal ("3rd floor": a street's
 # name has those, "3rd Street", never its house number).
@@ -365,11 +373,11 @@ _NOT_HOUSE_SUFFIX = frozenset(("p", "k", "st", "nd", "rd", "th"))
 def _house_number(toks: list[tuple[int, int, str]], i: int, blocked) -> bool:
     """Whether number token ``i`` can be part of an address: 1 to 6 digits, not inside a
     card, phone, IBAN or other identifier already found (``blocked`` spans), not an amount,
-    a count or an ordinal ("$20", "12.50", "15%", "30 quid", "3 days", "3rd")."""
+    a count or an ordinal ("$20", "12.50", "15%", "30 quid", "3 days", "withdraw 30", "3rd")."""
     s, e, t = toks[i]
     if len(t) > 6 or any(bs <= s and e <= be for bs, be in blocked):
         return False
-    if i and toks[i - 1][2] in _CURRENCY:
+    if i and (toks[i - 1][2] in _CURRENCY or toks[i - 1][2].lower() in _NOT_HOUSE_BEFORE):
         return False
     if i + 1 < len(toks):
         nxt = toks[i + 1]
