@@ -91,7 +91,13 @@ from pii.names import _RUN_RE as _RUN_RE
 from pii.names import _TITLES as _TITLES
 from pii.names import _cue_starts, _may_hold_cased_name, _names
 from pii.names import rule_name_spans as rule_name_spans
-from pii.phrases import list_name_spans, name_pair_spans, phrase_name_spans, repeated_name_spans
+from pii.phrases import (
+    list_name_spans,
+    name_pair_spans,
+    phrase_name_spans,
+    repeated_name_spans,
+    title_name_spans,
+)
 from pii.pseudonyms import canonical as canonical
 from pii.pseudonyms import pseudonym
 
@@ -353,6 +359,8 @@ def detect(text: str) -> list[Detection]:
     # Without case: a first name and a family name side by side ("virginia adkins").
     if caseless:
         found += [(s, e, "PERSON~name-pair") for s, e in name_pair_spans(text, caseless)]
+        if "mr" in low or "ms" in low or "mx" in low or "dr." in low or "prof." in low:
+            found += [(s, e, "PERSON~name-title") for s, e in title_name_spans(text)]
     if "," in text:  # the rest of a list of names ("founders: Zweig, Coleman and Gray")
         found += [
             (s, e, "PERSON~name-list")

@@ -71,14 +71,17 @@ _POSSESSIVE = ("'s", "’s")
 _SENT_END = frozenset(".!?;\n")
 _LIST_JOINS = frozenset((",", "and", "or", "&", "/"))
 # Closed classes that name lists hold (a given name somewhere) but messages never use as
-# names: weekdays, greetings and sign-off words, fillers ("thanks, bye", "due friday"), and
-# function words no one is named ("none of the payments", "nor do i"; not "will", "may").
+# names: weekdays, greetings and sign-off words, fillers ("thanks, bye", "due friday"),
+# function words no one is named ("none of the payments", "nor do i"; not "will", "may"),
+# and the card schemes, payment services and banks a bank's customers name ("amex").
 _NEVER_NAMES = frozenset("""
 monday tuesday wednesday thursday friday saturday sunday bye goodbye hi hello hey hiya
 thanks thank thx cheers regards ok okay yes yeah yep no nope please pls sorry um uh erm
 hmm lol
 none nor neither yours hers ours theirs whom whereas whilst hence thus therefore otherwise
 beneath beside beyond throughout underneath amid onto toward unless
+amex mastercard maestro paypal venmo zelle revolut monzo klarna alipay wechat cashapp gpay
+transferwise barclays natwest santander hsbc
 """.split())
 
 

@@ -271,11 +271,23 @@ _LIST_ITEM_RE = re.compile(r"[^\W\d_]+")
 
 
 def _family_names(items: list[tuple[int, int, str]], hits: list) -> bool:
-    """Whether every word of a list is a family name and half of them rare in English."""
-    return all(
-        h is not None and w.lower() not in _STOP and 0 < h[1] <= 2000 and h[2] < 5.5
-        for h, (*_, w) in zip(hits, items, strict=True)
-    ) and sum(h[2] < 4.0 for h in hits) * 2 >= len(hits)
+    """Whether every word of a list is a family name somewhere (rank 2,000 or better, Zipf
+    under 5.5) or a word the table does not hold (a rare name: "Adomo"), at least half of
+    them family names and half rare in English (Zipf under 4.5, or not in the table)."""
+    family = rare = 0
+    for h, (*_, w) in zip(hits, items, strict=True):
+        if w.lower() in _STOP:
+            return False
+        if h is None:
+            if len(w) < 3:
+                return False
+            rare += 1
+        elif 0 < h[1] <= 2000 and h[2] < 5.5:
+            family += 1
+            rare += h[2] < 4.5
+        else:
+            return False
+    return family * 2 >= len(items) and rare * 2 >= len(items)
 
 
 def list_name_spans(
@@ -418,3 +430,28 @@ def _pair_words() -> tuple[frozenset[str], frozenset[str]]:
         if 0 < last <= 2000 and zipf < 4.0:
             lasts.add(w)
     return frozenset(firsts), frozenset(lasts)
+
+
+# A title and a name in text without case: "mr. bumgarner", "mrs beet", "dr. anna shah".
+# "dr" and "prof" need their period ("12 oak dr"); "miss" is a verb as often ("i miss work").
+_TITLE_CASELESS_RE = re.compile(
+    r"(?<![\w'’-])(?:mrs?\.?|ms\.?|mx\.?|dr\.|prof\.)[ \t]+([^\W\d_][\w'’-]+)(?:[ \t]+([^\W\d_][\w'’-]+))?",
+    re.IGNORECASE,
+)
+
+
+def title_name_spans(text: str) -> list[tuple[int, int]]:
+    """Names after a title in text without case (in text with case the cue rules of
+    ``pii.names`` find them): the word after it, and the next one when that is a family
+    name somewhere and no function word ("dr. anna shah"); never a function word."""
+    out = []
+    t = table()
+    for m in _TITLE_CASELESS_RE.finditer(text):
+        first, second = m.group(1), m.group(2)
+        if first.lower() in _STOP:
+            continue
+        end = m.end(1)
+        if second and second.lower() not in _STOP and (h := t.get(second.lower())) and h[1]:
+            end = m.end(2)
+        out.append((m.start(1), end))
+    return out
