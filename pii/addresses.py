@@ -336,7 +336,8 @@ def _joined_addresses(found: list[tuple[int, int, str]]) -> list[tuple[int, int,
         return found
     out = [d for d in found if not d[2].startswith("ADDRESS")]
     joined: list[list] = []  # [start, end, source, longest]
-    for s, e, ent in sorted(d for d in found if d[2].startswith("ADDRESS")):
+    # By start; on a tie, in the order found (the model's reading before the pattern's).
+    for s, e, ent in sorted((d for d in found if d[2].startswith("ADDRESS")), key=lambda d: d[0]):
         if joined and s < joined[-1][1]:
             last = joined[-1]
             last[1] = max(last[1], e)

@@ -290,15 +290,18 @@ _ORG_END_CASELESS_RE = re.compile(rf"(?i:(?:^|\s)(?:{_ORG_FORMS_CASELESS})\.?$)"
 _BRAND_NUMBER_RE = re.compile(r"-\d")
 
 
-# The PERSON sources that read a word's likeness to a name, not a phrase that says so.
-_GUESSED_NAMES = frozenset(("PERSON~name-model", "PERSON~name-list", "PERSON~name-pair"))
+# The PERSON sources that read a word's likeness to a name, or a casual phrasing ("paid
+# Samuel Heath and Sons Ltd"), not a cue that says a name follows ("my name is").
+_GUESSED_NAMES = frozenset(
+    ("PERSON~name-model", "PERSON~name-list", "PERSON~name-pair", "PERSON~name-phrase")
+)
 
 
 def _no_organizations(
     text: str, found: list[tuple[int, int, str]], caseless: bool
 ) -> list[tuple[int, int, str]]:
     """Without the PERSON spans guessed from the words (the token model, a list, a name
-    pair) in a company's name ("Johnson Matthey PLC", "Samuel Heath and Sons PLC", "Douglas
+    pair, a casual phrasing) in a company's name ("Johnson Matthey PLC", "Samuel Heath and Sons PLC", "Douglas
     Emmett Inc.", "Biofrontera AG"): the words in front of a legal form, or ending in one;
     nor a brand's ("Blink-182"). Names a phrase says are names ("Dr. ...", "my name is
     ...") stay."""

@@ -116,7 +116,7 @@ PHRASINGS = [
     (
         "address parts",
         "stop at the corner of 86 Pavlou Drandaki St. and Luke Throughway St.",
-        [("ADDRESS", "86 Pavlou Drandaki St."), ("ADDRESS", "Luke Throughway")],
+        [("ADDRESS", "86 Pavlou Drandaki St. and Luke Throughway St.")],
     ),
     ("address parts", "we moved to France 2024", []),
     ("place", "my friend lives in stora vika", []),
@@ -132,6 +132,57 @@ PHRASINGS = [
     ("address", "i live at 14 elm grove", [("ADDRESS", "14 elm grove")]),
     ("address", "send it to via roma 12, milano", [("ADDRESS", "via roma 12, milano")]),
     ("address", "The bus station is on Via Giberti 75", [("ADDRESS", "Via Giberti 75")]),
+    # A name's other mentions, company names, postal address blocks, intersections, full
+    # names and titles without case, lists of family names, amounts and brands.
+    (
+        "repeated",
+        "Toby West called back, and then West said the card never came",
+        [("PERSON", "Toby West"), ("PERSON", "West")],
+    ),
+    ("repeated", "Toby West called. West of here the card works", [("PERSON", "Toby West")]),
+    (
+        "repeated",
+        "i'm anna kowalski, the card is for anna's flat",
+        [("PERSON", "anna kowalski"), ("PERSON", "anna")],
+    ),
+    ("company", "I work for Johnson Matthey PLC", []),
+    ("company", "paid Samuel Heath and Sons Ltd twice", []),
+    ("company", "a refund from biofrontera ag", []),
+    ("company", "tickets for Blink-182", []),
+    (
+        "address block",
+        "Apt. 908\n178 Klímova 702\nVlastejovice\nCzech Republic 40036",
+        [("ADDRESS", "Apt. 908\n178 Klímova 702\nVlastejovice\nCzech Republic 40036")],
+    ),
+    (
+        "address block",
+        "1367 Via Nuova del Campo 85\nSuite 994\nMessina\nItaly 99631\nthanks",
+        [("ADDRESS", "1367 Via Nuova del Campo 85\nSuite 994\nMessina\nItaly 99631")],
+    ),
+    ("address block", "my address is 12 Elm Street\nthanks", [("ADDRESS", "12 Elm Street")]),
+    (
+        "corner",
+        "meet me at the corner of main street and 5 oak lane",
+        [("ADDRESS", "main street and 5 oak lane")],
+    ),
+    (
+        "full name",
+        "please change it to virginia adkins",
+        [("PERSON", "virginia adkins")],
+    ),
+    ("full name", "the max top-up is what", []),
+    ("title", "mr. bumgarner flew home on monday", [("PERSON", "bumgarner")]),
+    ("title", "12 oak dr is my address", [("ADDRESS", "12 oak dr")]),
+    (
+        "list",
+        "founders: adomo, rhodes and wilson",
+        [("PERSON", "adomo"), ("PERSON", "rhodes"), ("PERSON", "wilson")],
+    ),
+    ("brand", "i use visa, mastercard and amex", []),
+    ("amount", "i owe 30 quid for the park and ride", []),
+    ("amount", "i wanted to withdraw 30 at the atm", []),
+    ("amount", "the atm on the 3rd floor ate my card", []),
+    ("single letter", "CAN U CALL ME AT 9:30", []),
 ]
 
 

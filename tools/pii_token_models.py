@@ -19,8 +19,12 @@ templates by heart). The weights are written as plain feature -> weight tables, 
 detector needs no scikit-learn at run time. The ADDRESS model is trained on, and run on,
 messages with a digit only.
 
-    .venv/bin/python tools/pii_token_models.py              # writes the shipped weights
+    .venv/bin/python tools/pii_token_models.py              # writes the weights
                                                             # (make pii-models)
+
+The shipped weights were written by this tool before 2026-12-06 narrowed the candidates
+(``pii/model.py`` says why a retrain was not kept); a run now gives slightly different
+weights.
     .venv/bin/python tools/pii_token_models.py --validate   # model selection, see --help
 """
 
