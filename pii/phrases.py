@@ -17,9 +17,9 @@ the word there must be as name-like as that requires, read from the trimmed name
   pause (a comma, the end, "here");
 * *relations* ("my husband, will, ...", "my grandson max"): a first name after a
   relationship noun; between commas any first name, else one not common in English;
-* *person objects* ("text bob", "remind jim", "i owe kofi 30", "said hudson"): a first
-  name that is rare as an English word (Zipf under 4.7: "bob", "jim", not "bill" or
-  "mark");
+* *person objects* ("text bob", "remind jim", "i owe kofi 30", "said hudson") and
+  *payees* ("sent money to paulo", "transferred 50 to kwame", no country): a first name
+  that is rare as an English word (Zipf under 4.7: "bob", "jim", not "bill" or "mark");
 * *possessives* ("steve's account", "jess's card"): a first name, not common in English,
   before 's and an account word.
 
@@ -38,6 +38,7 @@ from __future__ import annotations
 import functools
 import re
 
+from pii.addresses import _country_names
 from pii.casing import _is_caseless
 from pii.model import _NEVER_NAMES, table
 from pii.names import _STOP_LOWER
@@ -83,6 +84,19 @@ _GO_SUBJECTS = frozenset(("i", "we", "he", "she", "they", "friends", "everyone",
 _GREETINGS = frozenset("hi hey hello hiya heya morning evening afternoon yo".split())
 _I_AM = frozenset(("i'm", "i’m", "im", "it's", "it’s", "its", "name's", "name’s"))
 _AFTER_GREETING = frozenset(("here", "speaking", "from", "and"))
+# Words before "to" that make the next word a payee: "sent money to paulo", "transferred
+# 50 to kwame", "a payment to olumide" (numbers are no words here: "sent £20 to dave").
+_PAYEE_BEFORE = frozenset("""
+send sends sent sending transfer transfers transferred transferring wire wired pay paid
+paying give gave lend lent refund refunded money cash funds it quid pounds euros dollars
+bucks payment payments
+""".split())
+# Who else money goes to: no names ("the payment sent to seller").
+_NOT_PAYEES = frozenset("""
+seller sellers merchant merchants vendor vendors shop store company companies bank banks
+someone somebody anyone anybody recipient recipients beneficiary payee payees supplier
+contractor agent owner buyer customer client charity family friends people account
+""".split())
 _RELATION_SET = frozenset(_RELATIONS)
 _OBJECT_SET = frozenset(_OBJECT_VERBS)
 _ACCOUNT_SET = frozenset(_ACCOUNT_WORDS)
@@ -171,7 +185,12 @@ def phrase_name_spans(text: str) -> list[tuple[int, int]]:
     ws = token_re.findall(src)
     if src is text:
         ws = [w.lower() for w in ws]
-    if _CUE_WORDS.isdisjoint(ws) and "'s " not in low and "’s " not in low:
+    if (
+        _CUE_WORDS.isdisjoint(ws)
+        and "'s " not in low
+        and "’s " not in low
+        and ("to" not in ws or _PAYEE_BEFORE.isdisjoint(ws))
+    ):
         return []  # most messages
     n = len(ws)
     offs: list[tuple[int, int]] = []
@@ -182,7 +201,11 @@ def phrase_name_spans(text: str) -> list[tuple[int, int]]:
         return offs[i]
 
     # Only the word after a phrasing's last word, and a possessive, can be a name.
-    cands = {j + 1 for j in range(n - 1) if ws[j] in _P1_TRIGGERS}
+    cands = {
+        j + 1
+        for j in range(n - 1)
+        if ws[j] in _P1_TRIGGERS or (ws[j] == "to" and j and ws[j - 1] in _PAYEE_BEFORE)
+    }
     if "'" in low or "’" in low:
         cands.update(i for i, w in enumerate(ws) if w.endswith(_POSS))
     out = []
@@ -240,6 +263,11 @@ def phrase_name_spans(text: str) -> list[tuple[int, int]]:
             level = (99.0 if boxed else 5.0, False)  # "my husband, will,", "my grandson max"
         elif p1 in _OBJECT_SET:
             level = (4.7, False)  # "text bob", "i owe kofi"
+        elif (
+            p1 == "to" and p2 in _PAYEE_BEFORE and w not in _NOT_PAYEES
+            and w not in _country_names()
+        ):
+            level = (4.7, False)  # "sent money to paulo", not "send money to kenya"
         elif p1 == "with" and _is_caseless(text):
             level = (4.0, False)  # "a joint account with leilani"
         if level is not None and _name_like(w, *level):

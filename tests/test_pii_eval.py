@@ -183,6 +183,10 @@ PHRASINGS = [
     ("amount", "i wanted to withdraw 30 at the atm", []),
     ("amount", "the atm on the 3rd floor ate my card", []),
     ("single letter", "CAN U CALL ME AT 9:30", []),
+    ("payee", "i sent money to paulo yesterday", [("PERSON", "paulo")]),
+    ("payee", "the payment sent to seller came back", []),
+    ("payee", "i need to send money to kenya", []),
+    ("payee", "i am sending it to will", []),
 ]
 
 
