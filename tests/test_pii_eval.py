@@ -227,15 +227,16 @@ def test_the_halves_are_apart() -> None:
 
 # Floors per (set, case, type): the target, or the figure measured on the held-back half
 # less a margin where the target is not met (those are listed in docs/BENCHMARKS.md).
-# Measured 2026-12-06 with the address parts, middle initials and name lists
-# (docs/BENCHMARKS.md): presidio PERSON 0.868/0.8875 cased, 0.832/0.918 lower, 0.827/0.916
-# upper; ADDRESS 0.934/0.963 cased (the target), 0.934/0.933 without case; casual PERSON
-# 0.882/0.975 (0.960 upper), ADDRESS 0.846/0.917 (13 addresses: one is 0.077).
+# Measured 2026-12-06 (evening) with a name's other mentions, company names, address blocks
+# and payees (docs/BENCHMARKS.md): presidio PERSON 0.872/0.903 cased, 0.851/0.931 lower,
+# 0.851/0.931 upper; ADDRESS 0.944/0.957 cased (the target), 0.942/0.921 without case (one
+# detection per whole address now: the false ones are as many as before); casual PERSON
+# 0.882/0.968, ADDRESS 0.846/0.917 (13 addresses: one is 0.077).
 FLOORS: dict[tuple[str, str, str], tuple[float, float]] = {
-    ("presidio", "cased", "PERSON"): (0.85, 0.87),
-    ("presidio", "lower", "PERSON"): (0.81, 0.90),
-    ("presidio", "upper", "PERSON"): (0.81, 0.90),
-    **{("presidio", c, "ADDRESS"): (0.90, 0.92) for c in ("lower", "upper")},
+    ("presidio", "cased", "PERSON"): (0.85, 0.88),
+    ("presidio", "lower", "PERSON"): (0.83, 0.91),
+    ("presidio", "upper", "PERSON"): (0.83, 0.91),
+    **{("presidio", c, "ADDRESS"): (0.90, 0.90) for c in ("lower", "upper")},
     **{("casual", c, "PERSON"): (0.86, 0.93) for c in E.CASES},
     **{("casual", c, "ADDRESS"): (0.76, 0.83) for c in E.CASES},
 }
