@@ -104,7 +104,10 @@ def main() -> None:
     dest = ROOT / args.results
     dest.write_text(json.dumps({
         "date": date.today().isoformat(),
-        "command": " ".join(["benchmarks/pii_folds.py", *sys.argv[1:]]),
+        # Checkouts by their commit, not their path on this machine.
+        "command": "benchmarks/pii_folds.py" + (" --root <checkout>" if args.root != str(ROOT) else "")
+        + (" --trainer-root <checkout>" if args.trainer_root else "")
+        + (f" --join {args.join}" if args.join is not None else ""),
         "scored": subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=root,
                                  capture_output=True, text=True).stdout.strip(),
         "trainer": subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=trainer,

@@ -7,8 +7,8 @@ text and the ratio (old / new: above 1, the new one is faster). Texts: the build
 (the issue-3 workload; 20,000 rows, seed 11, Banking77 *test* messages), Banking77's test
 messages, and the held-back presidio-evaluator sentences.
 
-    git worktree add /tmp/pii-old <commit>
-    .venv/bin/python benchmarks/pii_versions.py --old /tmp/pii-old [--repeats 5] \\
+    git worktree add ../pii-old <commit>
+    .venv/bin/python benchmarks/pii_versions.py --old ../pii-old [--repeats 5] \\
         [--results benchmarks/results/pii_versions.json]
 """
 
