@@ -465,7 +465,8 @@ class ExportConfig(_Section):
     reduce_range: list[bool] = Field(default_factory=lambda: [False, True], min_length=1)
     # Speed report: intra-op threads (0 = every core), batch-1 latency samples, batch-32 batches.
     # When no fully quantized candidate passes the gate: keep the feed-forward MatMuls of
-    # the first 1..N encoder layers in fp32 (mixed precision), stopping at the first pass.
+    # the first 1..N encoder layers in fp32 (mixed precision), stopping at the first pass;
+    # in a graph without BERT layer names (the small encoder), its first 1..N weight MatMuls.
     fallback_fp32_ffn_layers: int = Field(2, ge=0, le=24)
     threads: int = Field(0, ge=0)
     latency_samples: int = Field(200, ge=10)

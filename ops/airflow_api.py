@@ -75,7 +75,8 @@ class AirflowApi:
         return run_id
 
     def create_backfill(self, body: dict[str, Any], retries: int = 10) -> dict[str, Any]:
-        """``POST /backfills``, safe to retry on SQLite's "database is locked".
+        """``POST /backfills``, safe to retry on SQLite's "database is locked" (answered 503,
+        or 500 with the reason "Database error" and the statement hidden).
 
         Airflow commits the backfill row before it creates its runs; when a lock then answers
         503, its clean-up of that row is best-effort (and takes the same lock), so the retry
@@ -88,8 +89,8 @@ class AirflowApi:
             r = self.http.post("/backfills", json=body)
             if r.status_code < 300:
                 return r.json()
-            if r.status_code == 503:
-                locked = True
+            if r.status_code == 503 or (r.status_code == 500 and "Database error" in r.text):
+                locked = True  # the lock, as 503 or (seen 2026-12-06) as a 500 "Database error"
             elif r.status_code == 409 and locked:
                 orphans = [b for b in self("GET", "/backfills", params={"dag_id": body["dag_id"], "limit": 100})["backfills"]
                            if b["completed_at"] is None and _epoch(b["created_at"]) >= started - 1]

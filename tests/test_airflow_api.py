@@ -42,6 +42,9 @@ class FakeAirflow:
             b = self._add()
             if status == 503:  # committed, then the lock; the clean-up failed too
                 return httpx.Response(503, json={"detail": "database is locked"})
+            if status == 500:  # the same lock, as Airflow 3 also answers it
+                return httpx.Response(500, json={"detail": {"reason": "Database error",
+                                                            "statement": "hidden"}})
             return httpx.Response(200, json={**b, **json.loads(request.content)})
         if path == "/api/v2/backfills" and request.method == "GET":
             return httpx.Response(200, json={"backfills": self.backfills})
@@ -70,6 +73,13 @@ def test_an_orphan_left_by_a_locked_creation_is_cancelled_and_the_backfill_creat
     created = _client(fake, monkeypatch).create_backfill({"dag_id": "d", "reprocess_behavior": "none"})
     assert fake.cancelled == [1]
     assert created["id"] == 2 and created["reprocess_behavior"] == "none"
+
+
+def test_a_500_database_error_is_retried_like_the_lock(monkeypatch):
+    fake = FakeAirflow(answers=[500, 200])
+    created = _client(fake, monkeypatch).create_backfill({"dag_id": "d", "reprocess_behavior": "none"})
+    assert fake.cancelled == [1]
+    assert created["id"] == 2
 
 
 def test_a_backfill_running_before_the_call_is_a_conflict_not_cancelled(monkeypatch):

@@ -137,6 +137,27 @@ def test_mixed_precision_fallback_finds_the_first_layers_feed_forward_nodes(tmp_
     assert len(onnx_build.ffn_nodes(tmp_path / "m.onnx", 2)) == 4  # attention stays quantized
 
 
+def test_mixed_precision_fallback_without_bert_names_keeps_the_first_weight_matmuls(tmp_path):
+    """The small encoder's graph has generic node names: the fallback keeps its first weight
+    MatMuls (or Gemms) in fp32, never one that multiplies two activations (attention)."""
+    from onnx import TensorProto, helper
+
+    nodes = [
+        helper.make_node("MatMul", ["x", "w0"], ["y0"], name="node_MatMul_16"),
+        helper.make_node("MatMul", ["y0", "x"], ["y1"], name="node_MatMul_108"),  # no weight
+        helper.make_node("Gemm", ["y1", "w1"], ["y2"], name="node_linear_1"),
+        helper.make_node("MatMul", ["y2", "w2"], ["y3"], name="node_MatMul_121"),
+    ]
+    graph = helper.make_graph(
+        nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 4])],
+        [helper.make_tensor_value_info("y3", TensorProto.FLOAT, [4, 4])],
+        [helper.make_tensor(f"w{i}", TensorProto.FLOAT, [4, 4], [0.0] * 16) for i in range(3)])
+    onnx.save(helper.make_model(graph), str(tmp_path / "m.onnx"))
+    assert onnx_build.ffn_nodes(tmp_path / "m.onnx", 0) == []
+    assert onnx_build.ffn_nodes(tmp_path / "m.onnx", 1) == ["node_MatMul_16"]
+    assert onnx_build.ffn_nodes(tmp_path / "m.onnx", 2) == ["node_MatMul_16", "node_linear_1"]
+
+
 def test_int8_gate_limits():
     assert onnx_build.int8_gate(0.90, 0.896, 0.995, 0.005, 0.99)[0]
     ok, why = onnx_build.int8_gate(0.90, 0.89, 0.995, 0.005, 0.99)
