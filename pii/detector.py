@@ -278,10 +278,10 @@ _ORG_FORMS_CASELESS = _ORG_FORMS + r"|ag|sa|nv|bv|se|oyj|asa|spa"
 _ORG_TAIL = r"(?i:[ \t]*,?[ \t]*(?:and|&)[ \t]+(?:sons|co|company|associates|partners)\b)"
 _ORG_AFTER_CASED_RE = re.compile(
     rf"(?:[ \t]+[A-Z][\w'’.-]*){{0,2}}?"
-    rf"(?:{_ORG_TAIL}|[ \t]*,?[ \t]+(?:(?i:{_ORG_FORMS})|{_ORG_FORMS_AS_WRITTEN})\b)"
+    rf"(?:{_ORG_TAIL}|[ \t]*,?[ \t]+(?:(?i:{_ORG_FORMS})|{_ORG_FORMS_AS_WRITTEN})\b(?!-))"
 )
 _ORG_AFTER_CASELESS_RE = re.compile(
-    rf"{_ORG_TAIL}|(?i:[ \t]*,?[ \t]+(?:{_ORG_FORMS_CASELESS})\b)"
+    rf"{_ORG_TAIL}|(?i:[ \t]*,?[ \t]+(?:{_ORG_FORMS_CASELESS})\b(?!-))"
 )
 # A legal form as the span's own last word ("Biofrontera AG", "Musee Grevin SA").
 _ORG_END_CASED_RE = re.compile(rf"(?:^|\s)(?:(?i:{_ORG_FORMS})|{_ORG_FORMS_AS_WRITTEN})\.?$")
@@ -361,7 +361,7 @@ def detect(text: str) -> list[Detection]:
     found += [(s, e, "PERSON~name-phrase") for s, e in phrase_name_spans(text)]
     # Without case: a first name and a family name side by side ("virginia adkins").
     if caseless:
-        found += [(s, e, "PERSON~name-pair") for s, e in name_pair_spans(text, caseless)]
+        found += [(s, e, "PERSON~name-pair") for s, e in name_pair_spans(text, low)]
         if "mr" in low or "ms" in low or "mx" in low or "dr." in low or "prof." in low:
             found += [(s, e, "PERSON~name-title") for s, e in title_name_spans(text)]
     if "," in text:  # the rest of a list of names ("founders: Zweig, Coleman and Gray")

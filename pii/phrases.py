@@ -419,7 +419,7 @@ west new old great upper lower
 """.split())
 
 
-def name_pair_spans(text: str, caseless: bool | None = None) -> list[tuple[int, int]]:
+def name_pair_spans(text: str, low: str | None = None) -> list[tuple[int, int]]:
     """Full names in text without case ("change it to virginia adkins", "producer jay
     blackwell explained", "anna r shah"): a word that is a common first name somewhere
     (rank 300 or better in some country) and not a very common English word (Zipf under
@@ -428,10 +428,12 @@ def name_pair_spans(text: str, caseless: bool | None = None) -> list[tuple[int, 
     the words that follow a naming phrasing and the particles of place names ("san",
     "du") are neither. In text with case, capitals already say this
     (the token model reads them)."""
-    if not (_is_caseless(text) if caseless is None else caseless):
-        return []
+    if low is None:  # the caller passes the lower case of a text it knows has no case
+        if not _is_caseless(text):
+            return []
+        low = text.lower()
     firsts, lasts = _pair_words()
-    words = set(_PAIR_WORD_RE.findall(text.lower()))
+    words = set(_PAIR_WORD_RE.findall(low))
     if firsts.isdisjoint(words) or lasts.isdisjoint(words):
         return []  # most messages: no first name, or no family name (a set look-up each)
     out = []

@@ -195,6 +195,13 @@ def test_phrasing_table(phrasing: str, text: str, expected: list[tuple[str, str]
     assert [(d.entity, d.value) for d in pii.detect(text)] == expected, phrasing
 
 
+def test_a_word_starting_with_a_legal_form_leaves_the_name_before_it() -> None:
+    """"Co-owner" is no "Co." of a company: the name in front of it stays masked."""
+    for text in ("Ask Anna Kowalski, Co-owner of the flat", "ASK ANNA KOWALSKI, AG-LEAD"):
+        values = [d.value.lower() for d in pii.detect(text) if d.entity == "PERSON"]
+        assert "anna kowalski" in values, (text, values)
+
+
 def test_each_detection_names_its_source() -> None:
     text = "hi, i'm john, card 5698 2597 9192, mobile 730 064 218, i live at 14 elm grove"
     sources = {d.entity: d.source for d in pii.detect(text)}
