@@ -71,7 +71,7 @@ cluster-down: $(VENV)/.installed
 	$(BIN)/intentops cluster-down
 
 # The cluster shape's end-to-end and fault tests (tests/test_cluster.py; `make test`
-# leaves them out, .ci/run runs both).
+# leaves them out, and so does .ci/run: see the README).
 test-cluster: cluster-deps
 	$(BIN)/python -m pytest -q -m cluster tests/test_cluster.py
 

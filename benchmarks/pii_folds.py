@@ -8,11 +8,14 @@ are printed with ``--examples``. Also: false detections on Banking77's *training
 with the shipped models (its test split is the held-out false-detection corpus).
 
     .venv/bin/python benchmarks/pii_folds.py [--root <checkout>] [--trainer-root <checkout>]
-        [--join -4] [--results benchmarks/results/pii_folds.json] [--examples FILE]
+        [--join -4] [--threshold -0.3] [--fold-models DIR]
+        [--results benchmarks/results/pii_folds.json] [--examples FILE]
 
 ``--root``: the checkout whose detector is scored (default: this one); ``--trainer-root``:
 whose trainer makes the fold models (default: the same); ``--join``: the name model's join
-logit instead of the trained one.
+logit instead of the trained one; ``--threshold``: the name model's threshold instead of the
+trained one; ``--fold-models``: score the fold models an earlier run kept there (its
+``m0.json.gz`` .. ``m4.json.gz``) instead of training them again.
 """
 
 from __future__ import annotations
@@ -36,6 +39,9 @@ def main() -> None:
     ap.add_argument("--root", default=str(ROOT))
     ap.add_argument("--trainer-root")
     ap.add_argument("--join", type=float)
+    ap.add_argument("--threshold", type=float)
+    ap.add_argument("--fold-models", help="the fold models of an earlier run (not trained again)")
+    ap.add_argument("--train-args", default="", help="more arguments for the trainer")
     ap.add_argument("--results", default="benchmarks/results/pii_folds.json")
     ap.add_argument("--examples", help="write the folds' misses and false detections here")
     args = ap.parse_args()
@@ -46,11 +52,12 @@ def main() -> None:
     from pii import evaluation as E
     from pii import model as pm
 
-    folds = Path(tempfile.mkdtemp(prefix="pii-folds-"))
-    for k in range(5):
+    folds = Path(args.fold_models or tempfile.mkdtemp(prefix="pii-folds-"))
+    print("fold models:", folds)
+    for k in range(5 if not args.fold_models else 0):
         subprocess.run(
             [sys.executable, str(trainer / "tools/pii_token_models.py"), "--validate",
-             "--fold", str(k), "--out", str(folds / f"m{k}.json.gz")],
+             "--fold", str(k), "--out", str(folds / f"m{k}.json.gz"), *args.train_args.split()],
             check=True, cwd=trainer, stdout=subprocess.DEVNULL,
         )  # fmt: skip
     presidio = E.load_presidio(E.EVAL_DIR / "presidio_tuned.jsonl")
@@ -68,6 +75,8 @@ def main() -> None:
         models = {kd: pm.TokenModel.load(folds / f"m{k}.json.gz", kd) for kd in KINDS}
         if args.join is not None:
             models["PERSON"].join = args.join
+        if args.threshold is not None:
+            models["PERSON"].threshold = args.threshold
         pii._token_model = lambda kind, models=models: models[kind]
         for name, part in (("presidio", presidio), ("casual", casual)):
             held = [s for s in part if in_fold(s)]
@@ -94,6 +103,8 @@ def main() -> None:
     shipped = {kd: pm.TokenModel.load(kind=kd) for kd in KINDS}
     if args.join is not None:
         shipped["PERSON"].join = args.join
+    if args.threshold is not None:
+        shipped["PERSON"].threshold = args.threshold
     pii._token_model = lambda kind: shipped[kind]
     bank = E.load_banking77("train")
     fp = {
@@ -107,12 +118,15 @@ def main() -> None:
         # Checkouts by their commit, not their path on this machine.
         "command": "benchmarks/pii_folds.py" + (" --root <checkout>" if args.root != str(ROOT) else "")
         + (" --trainer-root <checkout>" if args.trainer_root else "")
-        + (f" --join {args.join}" if args.join is not None else ""),
+        + (f" --join {args.join}" if args.join is not None else "")
+        + (f" --threshold {args.threshold}" if args.threshold is not None else "")
+        + (" --fold-models <the folds' models>" if args.fold_models else "")
+        + (f" --train-args '{args.train_args}'" if args.train_args else ""),
         "scored": subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=root,
                                  capture_output=True, text=True).stdout.strip(),
         "trainer": subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=trainer,
                                   capture_output=True, text=True).stdout.strip(),
-        "join": args.join, "pooled_folds": pooled, "banking77_train": fp,
+        "join": args.join, "threshold": args.threshold, "pooled_folds": pooled, "banking77_train": fp,
     }, indent=1))  # fmt: skip
     print("wrote", dest)
 

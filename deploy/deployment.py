@@ -109,12 +109,29 @@ class Deployment:
         tmp = self.state_file.with_suffix(".tmp")
         tmp.write_text(json.dumps(state, indent=2))
         os.replace(tmp, self.state_file)  # readers see the old or the new state
-        self._write_targets(state, self.extras())
+        self._write_targets()
 
-    def _write_targets(self, state: dict[str, Any], extras: list[dict[str, Any]]) -> None:
+    def _write_targets(self) -> None:
         """What Prometheus scrapes of this deployment: file-based discovery from
         ``<deploy.root>/prometheus/<dataset>.{router,servers,autoscaler}.json`` (Prometheus
-        globs the last path segment only; ops/monitoring/stack.py)."""
+        globs the last path segment only; ops/monitoring/stack.py).
+
+        Called after every change of the state or the replicas, by whichever process made
+        it (the CLI, the autoscaler, the deploy task): under a lock, from the files as they
+        are then, so that a writer holding an older view cannot overwrite a newer one (an
+        added replica missing from discovery until the next change)."""
+        import fcntl
+
+        folder = self.root.parent / "prometheus"
+        folder.mkdir(exist_ok=True)
+        with (folder / f".{self.cfg.dataset}.targets.lock").open("a") as fh:
+            fcntl.flock(fh, fcntl.LOCK_EX)
+            try:
+                self._write_targets_locked(folder, self.state(), self.extras())
+            finally:
+                fcntl.flock(fh, fcntl.LOCK_UN)
+
+    def _write_targets_locked(self, folder: Path, state: dict[str, Any], extras: list[dict[str, Any]]) -> None:
         def target(p: Any, **labels: str) -> list[dict[str, Any]]:
             if not (p and p.get("url") and self.alive(p)):
                 return []
@@ -127,8 +144,6 @@ class Deployment:
                         *[g for e in extras for g in target(e, variant="stable")]],
             "autoscaler": target(state.get("autoscaler")),
         }
-        folder = self.root.parent / "prometheus"
-        folder.mkdir(exist_ok=True)
         for job, group in groups.items():
             tmp = folder / f".{self.cfg.dataset}.{job}.json.tmp"
             tmp.write_text(json.dumps(group, indent=1))
@@ -238,7 +253,7 @@ class Deployment:
         tmp = self.replicas_file.with_suffix(".tmp")
         tmp.write_text(json.dumps({"stable": extras, "updated": time.time()}, indent=2))
         os.replace(tmp, self.replicas_file)
-        self._write_targets(self.state(), extras)
+        self._write_targets()
 
     @contextlib.contextmanager
     def scaling(self):

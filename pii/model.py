@@ -15,7 +15,14 @@ PERSON features:
 * its shape in text with case (capitalized, upper, lower, an initial; sentence start);
 * the words around it ("call me ___", "___'s account") and how name-like its neighbours
   are, also across a list ("reid, fletcher and smith");
-* whether the cue rules of ``pii.detector`` ("my name is", "regards,", titles) cover it.
+* whether the cue rules of ``pii.detector`` ("my name is", "regards,", titles) cover it;
+* what the word and the two words on each side of it mean: the offline MiniLM's input
+  (word-piece) embeddings, which place "said" near "told" and "remarked", "novel" near
+  "book", "sarah" near "rebecca", so that a context or a name the training text never
+  held still scores like the ones it did. The model is linear in them, so the trainer
+  folds its weights into one number per word piece and position
+  (``vectors.pieces``): at run time a word's value is the mean over its word pieces, a
+  table look-up, and no embedding or network is loaded.
 
 ADDRESS features: the token itself and its suffix (-straat, -gatan, -katu), whether it is
 a street word of one of many languages, its shape (a house number, a year, a postcode,
@@ -72,6 +79,13 @@ _WORD_ASCII = r"[A-Za-z]+(?:'[A-Za-z]+)*(?:-[A-Za-z]+)*"
 _TOKEN_ASCII_RE = re.compile(rf"{_WORD_ASCII}|[0-9]+|[^A-Za-z0-9_\s]")
 _WORD_ASCII_RE = re.compile(_WORD_ASCII)
 _SHORT_NUMBER_RE = re.compile(r"(?<!\d)\d{1,6}(?!\d)")
+# The parts BERT's basic tokenizer splits a word into before WordPiece: letter and digit
+# runs and single punctuation marks ("o'neill" -> "o", "'", "neill").
+_PIECE_RE = re.compile(r"[^\W_]+|[^\w\s]|_")
+# The positions the word-piece values are kept for: the word itself, two words before
+# and two after (``TokenModel.word_values``).
+VECTOR_POSITIONS = ("o", "p2", "p1", "n1", "n2")
+VECTOR_OFFSETS = (0, -2, -1, 1, 2)
 _POSSESSIVE = ("'s", "’s")
 _SENT_END = frozenset(".!?;\n")
 _LIST_JOINS = frozenset((",", "and", "or", "&", "/"))
@@ -125,6 +139,40 @@ def word_class(low: str) -> tuple[str, str, str]:
         return "0", "0", "u"
     fr, lr, z = hit
     return _rank_bucket(fr), _rank_bucket(lr), str(min(int(z * 2), 14))
+
+
+def word_pieces(word: str, vocab) -> list[str]:
+    """The word pieces of BERT's uncased WordPiece tokenizer, which the offline MiniLM
+    uses: lower case, accents stripped, punctuation split off, each part matched greedily
+    longest-first against ``vocab`` ("[UNK]" for a part that cannot be, or that is over
+    100 characters long). Scripts BERT splits per character (CJK) stay one part here and
+    come out "[UNK]"."""
+    norm = "".join(
+        c for c in unicodedata.normalize("NFD", word.lower()) if unicodedata.category(c) != "Mn"
+    )
+    out: list[str] = []
+    for part in _PIECE_RE.findall(norm):
+        if part in vocab:
+            out.append(part)
+            continue
+        if len(part) > 100:
+            out.append("[UNK]")
+            continue
+        start, sub = 0, []
+        while start < len(part):
+            end = len(part)
+            while end > start:
+                piece = part[start:end] if not start else "##" + part[start:end]
+                if piece in vocab:
+                    break
+                end -= 1
+            else:
+                sub = ["[UNK]"]
+                break
+            sub.append(piece)
+            start = end
+        out += sub
+    return out
 
 
 def _shape(tok: str, caseless: bool) -> str:
@@ -483,9 +531,13 @@ class TokenModel:
 
     def __init__(
         self, weights: dict[str, float], bias: float, threshold: float, join: float,
-        kind: str = "PERSON", gate: float = -math.inf,
+        kind: str = "PERSON", gate: float = -math.inf, pieces: dict[str, list[float]] | None = None,
     ) -> None:
         self.kind = kind
+        # word piece -> its value at each of VECTOR_POSITIONS (the embedding weights
+        # folded in by the trainer); None: a model without them.
+        self.pieces = pieces
+        self._values: dict[str, tuple[float, ...]] = {}
         self.w = weights
         self.bias = bias
         self.threshold = threshold  # on the logit
@@ -504,7 +556,38 @@ class TokenModel:
     def load(cls, path: Path = MODEL, kind: str = "PERSON") -> TokenModel:
         with gzip.open(path, "rt", encoding="utf-8") as f:
             d = json.load(f)[kind]
-        return cls(d["weights"], d["bias"], d["threshold"], d["join"], kind, d["gate"])
+        vec = d.get("vectors")
+        return cls(d["weights"], d["bias"], d["threshold"], d["join"], kind, d["gate"],
+                   vec["pieces"] if vec else None)
+
+    def word_values(self, tok: str) -> tuple[float, ...]:
+        """A token's embedding terms at each of VECTOR_POSITIONS: the mean of its word
+        pieces' values (cached per lower-cased token; zeros without vectors)."""
+        low = tok.lower()
+        v = self._values.get(low)
+        if v is None:
+            pieces = self.pieces
+            if not pieces:
+                return (0.0,) * len(VECTOR_POSITIONS)
+            ps = word_pieces(low, pieces) or ["[UNK]"]
+            rows = [pieces[p] for p in ps]
+            v = tuple(sum(col) / len(rows) for col in zip(*rows, strict=True))
+            if len(self._values) > 200_000:
+                self._values.clear()
+            self._values[low] = v
+        return v
+
+    def _context_values(self, toks: list[tuple[int, int, str]], i: int) -> float:
+        """The embedding terms of the two tokens on each side of token ``i``."""
+        if not self.pieces:
+            return 0.0
+        n = len(toks)
+        total = 0.0
+        for k in range(1, len(VECTOR_OFFSETS)):
+            j = i + VECTOR_OFFSETS[k]
+            if 0 <= j < n:
+                total += self.word_values(toks[j][2])[k]
+        return total
 
     def own_score(self, own: tuple[str, ...]) -> float:
         """The bias plus the weights of a word's own features (cached per feature set)."""
@@ -522,7 +605,7 @@ class TokenModel:
             word = word[:-2]
         return (person_candidate(word.lower()) or _initial(word, caseless)) and max(
             self.own_score(person_own(word, caseless, bos)) for bos in (False, True)
-        ) >= self.gate
+        ) + self.word_values(word)[0] >= self.gate
 
     def may_find(self, text: str, caseless: bool) -> bool:
         """False when no token of ``text`` can be scored over the gate: a cheaper test
@@ -597,12 +680,16 @@ class TokenModel:
             base = cache.get(key)
             if base is None:
                 ok = tok != "'s" and (person_candidate(tok.lower()) or _initial(tok, caseless))
-                base = self.own_score(person_own(tok, caseless, bos)) if ok else -math.inf
+                base = (
+                    self.own_score(person_own(tok, caseless, bos)) + self.word_values(tok)[0]
+                    if ok else -math.inf
+                )
                 cache[key] = base
             if base < self.gate:
                 continue
             ctx = person_context(toks, i, caseless, i in ruled)
-            out.append((s, e, tok, base + sum(w.get(f, 0.0) for f in ctx)))
+            out.append((s, e, tok, base + sum(w.get(f, 0.0) for f in ctx)
+                        + self._context_values(toks, i)))
         return out
 
     def spans(

