@@ -16,7 +16,9 @@ PERSON features:
 * the words around it ("call me ___", "___'s account") and how name-like its neighbours
   are, also across a list ("reid, fletcher and smith");
 * whether the cue rules of ``pii.detector`` ("my name is", "regards,", titles) cover it;
-* what the word and the two words on each side of it mean: the offline MiniLM's input
+* optionally (``tools/pii_token_models.py --vector-dims``; the shipped weights have none:
+  measured and not kept, docs/BENCHMARKS.md "Word-piece embeddings in the name model"),
+  what the word and the two words on each side of it mean: the offline MiniLM's input
   (word-piece) embeddings, which place "said" near "told" and "remarked", "novel" near
   "book", "sarah" near "rebecca", so that a context or a name the training text never
   held still scores like the ones it did. The model is linear in them, so the trainer

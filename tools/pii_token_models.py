@@ -26,6 +26,12 @@ The shipped weights were written by this tool before 2026-12-06 narrowed the can
 (``pii/model.py`` says why a retrain was not kept); a run now gives slightly different
 weights.
     .venv/bin/python tools/pii_token_models.py --validate   # model selection, see --help
+
+``--vector-dims N`` adds the offline MiniLM's word-piece embeddings (N principal
+components, for the word and two words either side) as dense columns of the PERSON model
+and folds their weights into one value per word piece and position (``vectors`` in the
+weights file; ``pii/model.py`` reads them). Measured on the folds and the held-back halves
+on 2026-12-06 and not shipped (docs/BENCHMARKS.md): the default is 0.
 """
 
 from __future__ import annotations
