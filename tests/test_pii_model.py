@@ -38,14 +38,15 @@ def test_word_pieces_are_the_minilm_tokenizers(trainer) -> None:
         assert pm.word_pieces(w, vocab) == want, w
 
 
-def test_folded_piece_values_score_as_the_dense_columns(trainer) -> None:
+@pytest.mark.parametrize("positions", [pm.VECTOR_POSITIONS, ("o",), ("p2", "p1")])
+def test_folded_piece_values_score_as_the_dense_columns(trainer, positions) -> None:
     """vector_columns' columns times random weights == the mean of the folded per-piece
-    values, at every position, for words of one and of several pieces."""
+    values, at every position kept, for words of one and of several pieces."""
     text = "i told raraka and sarah o'neill about the Müller account , said Nofre"
     toks = pm.tokenize(text)
     spots = [(toks, i) for i in range(len(toks))]
     dims = 6
-    dense, folding = trainer.vector_columns(spots, dims)
+    dense, folding = trainer.vector_columns(spots, dims, positions=positions)
     rng = random.Random(3)
     coef = np.array([rng.uniform(-1, 1) for _ in range(dense.shape[1])])
     pieces = trainer.fold_vectors(coef, folding)

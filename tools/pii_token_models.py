@@ -113,11 +113,13 @@ def minilm_pieces() -> tuple[list[str], object]:
     return vocab, np.asarray(emb, dtype=np.float64)
 
 
-def vector_columns(spots: list, dims: int, scale: float = 1.0):
+def vector_columns(spots: list, dims: int, scale: float = 1.0,
+                   positions: tuple[str, ...] = pii_model.VECTOR_POSITIONS):
     """The dense columns of the word-piece embeddings: for each scored token, the reduced
     (PCA, ``dims`` components, standard deviation ``scale``: the larger, the less the L2
     penalty holds their weights back) mean embedding of its word pieces at each of
-    ``pii_model.VECTOR_POSITIONS`` (zeros off the message's ends). Returns the matrix and
+    ``positions`` (of ``pii_model.VECTOR_POSITIONS``; zeros off the message's ends). Returns
+    the matrix and
     what ``fold_vectors`` needs to turn the fitted weights into per-piece values."""
     import numpy as np
 
@@ -125,9 +127,11 @@ def vector_columns(spots: list, dims: int, scale: float = 1.0):
     index = {p: k for k, p in enumerate(vocab)}
     words: dict[str, int] = {}
     rows: list[list[int]] = []
+    offsets = [o for o, name in zip(pii_model.VECTOR_OFFSETS, pii_model.VECTOR_POSITIONS, strict=True)
+               if name in positions]
     for toks, i in spots:
         row = []
-        for off in pii_model.VECTOR_OFFSETS:
+        for off in offsets:
             j = i + off
             if 0 <= j < len(toks):
                 row.append(words.setdefault(toks[j][2].lower(), len(words)))
@@ -147,7 +151,7 @@ def vector_columns(spots: list, dims: int, scale: float = 1.0):
     z = np.vstack([z, np.zeros((1, dims))]).astype(np.float32)  # row -1: off the ends
     idx = np.array(rows)
     dense = z[idx].reshape(len(rows), -1)  # (tokens, positions * dims)
-    return dense, (vocab, emb, mu, proj, sd)
+    return dense, (vocab, emb, mu, proj, sd, positions)
 
 
 def fold_vectors(coef, folding) -> dict[str, list[float]]:
@@ -155,9 +159,14 @@ def fold_vectors(coef, folding) -> dict[str, list[float]]:
     columns taken back through the scaling and the projection, applied to the piece's
     embedding. A word's mean embedding then gives its term as the mean of its pieces'
     values (the model is linear in the embedding)."""
-    vocab, emb, mu, proj, sd = folding
+    import numpy as np
+
+    vocab, emb, mu, proj, sd, positions = folding
     dims = proj.shape[1]
-    per = coef.reshape(len(pii_model.VECTOR_OFFSETS), dims)  # (positions, dims)
+    fitted = coef.reshape(len(positions), dims)
+    per = np.zeros((len(pii_model.VECTOR_POSITIONS), dims))  # positions left out: 0
+    for k, name in enumerate(positions):
+        per[pii_model.VECTOR_POSITIONS.index(name)] = fitted[k]
     u = proj @ (per / sd).T  # (embedding, positions)
     values = emb @ u - mu @ u  # (pieces, positions)
     return {p: [round(float(x), 4) for x in values[k]] for k, p in enumerate(vocab)}
@@ -187,7 +196,7 @@ def train(data: list[pii_eval.Sample], kind: str, args) -> dict:
     if dims:
         import scipy.sparse as sp
 
-        dense, folding = vector_columns(spots, dims, args.vector_scale)
+        dense, folding = vector_columns(spots, dims, args.vector_scale, tuple(args.vector_positions))
         X = sp.hstack([X, sp.csr_matrix(dense)], format="csr")
     X.indices = X.indices.astype("int32")
     X.indptr = X.indptr.astype("int32")
@@ -209,8 +218,8 @@ def train(data: list[pii_eval.Sample], kind: str, args) -> dict:
     own_w = {n: w for n, w in zip(names, coef[:n_sparse], strict=True)}
     own_scores = np.array([bias + sum(own_w.get(k, 0.0) for k in f[:n_own])
                            for f, n_own in zip(feats, own_lens, strict=True)])
-    if dense is not None:  # the word's own embedding term belongs to its own score
-        own_scores += dense[:, :dims] @ coef[n_sparse : n_sparse + dims]
+    if dense is not None and "o" in args.vector_positions:  # the word's own term is
+        own_scores += dense[:, :dims] @ coef[n_sparse : n_sparse + dims]  # of its own score
     taken = full >= opts["gate_logit"]
     gate = float(np.quantile(own_scores[taken], opts["gate_quantile"])) if taken.any() else 0.0
     out = {
@@ -221,7 +230,8 @@ def train(data: list[pii_eval.Sample], kind: str, args) -> dict:
         "weights": dict(sorted(weights.items())),
         "trained_on": {"tokens": len(ys), "positives": sum(ys), **opts,
                        "min_groups": args.min_groups, "vector_dims": dims,
-                       "vector_scale": args.vector_scale if dims else None},
+                       "vector_scale": args.vector_scale if dims else None,
+                       "vector_positions": args.vector_positions if dims else None},
     }
     if dims:
         out["vectors"] = {"positions": list(pii_model.VECTOR_POSITIONS), "dims": dims,
@@ -254,6 +264,9 @@ def main() -> None:
     ap.add_argument("--vector-dims", type=int, default=0,
                     help="PERSON: principal components of the word-piece embeddings per "
                          "position (0: no embedding terms)")
+    ap.add_argument("--vector-positions", nargs="+", default=list(pii_model.VECTOR_POSITIONS),
+                    choices=pii_model.VECTOR_POSITIONS,
+                    help="with --vector-dims: the word (o) and which neighbours get columns")
     ap.add_argument("--vector-scale", type=float, default=1.0,
                     help="standard deviation of the embedding columns (the L2 penalty on "
                          "their weights shrinks with its square)")
