@@ -243,6 +243,13 @@ def person_candidate(low: str) -> bool:
     if low in _NEVER_NAMES:
         return False
     fb, lb, zb = word_class(low)
+    if zb == "u" and "-" in low:
+        # A compound of common English words the table does not hold as a whole
+        # ("co-owner", "follow-up", "self-employed", "e-mail"): no name, unless a part
+        # is a top-10 name somewhere ("smith-jones", "jean-luc") or rarer in English.
+        parts = [word_class(p) for p in low.split("-") if p]
+        if parts and all(z != "u" and int(z) >= 9 and "a" not in (f, la) for f, la, z in parts):
+            return False
     return zb == "u" or int(zb) < 10 or fb in ("a", "b", "c") or lb in ("a", "b", "c")
 
 

@@ -101,6 +101,8 @@ PHRASINGS = [
     ("name kind", "my last name is too long for the form", []),
     ("named", "she named him marsilius", [("PERSON", "marsilius")]),
     ("named", "she named her cat after me", []),
+    ("compound", "I am the Co-owner of the account", []),
+    ("compound", "please ask Jean-Luc Picard", [("PERSON", "Jean-Luc Picard")]),
     ("said", "said hudson to me", [("PERSON", "hudson")]),
     ("said", "it said declined", []),
     (
