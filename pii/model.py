@@ -81,13 +81,11 @@ _WORD_ASCII = r"[A-Za-z]+(?:'[A-Za-z]+)*(?:-[A-Za-z]+)*"
 _TOKEN_ASCII_RE = re.compile(rf"{_WORD_ASCII}|[0-9]+|[^A-Za-z0-9_\s]")
 _WORD_ASCII_RE = re.compile(_WORD_ASCII)
 _SHORT_NUMBER_RE = re.compile(r"(?<!\d)\d{1,6}(?!\d)")
-# The parts BERT's basic tokenizer splits a word into before WordPiece: letter and digit
-# runs and single punctuation marks ("o'neill" -> "o", "'", "neill").
-_PIECE_RE = re.compile(r"[^\W_]+|[^\w\s]|_")
 # The positions the word-piece values are kept for: the word itself, two words before
 # and two after (``TokenModel.word_values``).
 VECTOR_POSITIONS = ("o", "p2", "p1", "n1", "n2")
 VECTOR_OFFSETS = (0, -2, -1, 1, 2)
+_NO_VALUES = (0.0,) * len(VECTOR_POSITIONS)
 _POSSESSIVE = ("'s", "’s")
 _SENT_END = frozenset(".!?;\n")
 _LIST_JOINS = frozenset((",", "and", "or", "&", "/"))
@@ -143,38 +141,19 @@ def word_class(low: str) -> tuple[str, str, str]:
     return _rank_bucket(fr), _rank_bucket(lr), str(min(int(z * 2), 14))
 
 
-def word_pieces(word: str, vocab) -> list[str]:
-    """The word pieces of BERT's uncased WordPiece tokenizer, which the offline MiniLM
-    uses: lower case, accents stripped, punctuation split off, each part matched greedily
-    longest-first against ``vocab`` ("[UNK]" for a part that cannot be, or that is over
-    100 characters long). Scripts BERT splits per character (CJK) stay one part here and
-    come out "[UNK]"."""
-    norm = "".join(
-        c for c in unicodedata.normalize("NFD", word.lower()) if unicodedata.category(c) != "Mn"
-    )
-    out: list[str] = []
-    for part in _PIECE_RE.findall(norm):
-        if part in vocab:
-            out.append(part)
-            continue
-        if len(part) > 100:
-            out.append("[UNK]")
-            continue
-        start, sub = 0, []
-        while start < len(part):
-            end = len(part)
-            while end > start:
-                piece = part[start:end] if not start else "##" + part[start:end]
-                if piece in vocab:
-                    break
-                end -= 1
-            else:
-                sub = ["[UNK]"]
-                break
-            sub.append(piece)
-            start = end
-        out += sub
-    return out
+def piece_tokenizer(vocab: list[str]):
+    """BERT's uncased WordPiece tokenizer over ``vocab`` (the offline MiniLM's), built with
+    the ``tokenizers`` library from the pieces alone, so the detector needs no model files:
+    ``piece_tokenizer(vocab)(word)`` -> the word's pieces (lower case, accents stripped,
+    punctuation and CJK characters split off; "[UNK]" for a word that cannot be cut)."""
+    from tokenizers import Tokenizer, models, normalizers, pre_tokenizers
+
+    tk = Tokenizer(models.WordPiece({p: i for i, p in enumerate(vocab)}, unk_token="[UNK]",
+                                    max_input_chars_per_word=100))
+    tk.normalizer = normalizers.BertNormalizer(
+        clean_text=True, handle_chinese_chars=True, strip_accents=True, lowercase=True)
+    tk.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    return lambda word: tk.encode(word, add_special_tokens=False).tokens
 
 
 def _shape(tok: str, caseless: bool) -> str:
@@ -546,6 +525,7 @@ class TokenModel:
         # word piece -> its value at each of VECTOR_POSITIONS (the embedding weights
         # folded in by the trainer); None: a model without them.
         self.pieces = pieces
+        self._cut = piece_tokenizer(list(pieces)) if pieces else None
         self._values: dict[str, tuple[float, ...]] = {}
         self.w = weights
         self.bias = bias
@@ -572,14 +552,13 @@ class TokenModel:
     def word_values(self, tok: str) -> tuple[float, ...]:
         """A token's embedding terms at each of VECTOR_POSITIONS: the mean of its word
         pieces' values (cached per lower-cased token; zeros without vectors)."""
+        if self._cut is None:
+            return _NO_VALUES
         low = tok.lower()
         v = self._values.get(low)
         if v is None:
             pieces = self.pieces
-            if not pieces:
-                return (0.0,) * len(VECTOR_POSITIONS)
-            ps = word_pieces(low, pieces) or ["[UNK]"]
-            rows = [pieces[p] for p in ps]
+            rows = [pieces[p] for p in self._cut(low) or ["[UNK]"]]
             v = tuple(sum(col) / len(rows) for col in zip(*rows, strict=True))
             if len(self._values) > 200_000:
                 self._values.clear()
@@ -588,8 +567,6 @@ class TokenModel:
 
     def _context_values(self, toks: list[tuple[int, int, str]], i: int) -> float:
         """The embedding terms of the two tokens on each side of token ``i``."""
-        if not self.pieces:
-            return 0.0
         n = len(toks)
         total = 0.0
         for k in range(1, len(VECTOR_OFFSETS)):
@@ -697,8 +674,10 @@ class TokenModel:
             if base < self.gate:
                 continue
             ctx = person_context(toks, i, caseless, i in ruled)
-            out.append((s, e, tok, base + sum(w.get(f, 0.0) for f in ctx)
-                        + self._context_values(toks, i)))
+            score = base + sum(w.get(f, 0.0) for f in ctx)
+            if self._cut is not None:  # weights with embedding terms
+                score += self._context_values(toks, i)
+            out.append((s, e, tok, score))
         return out
 
     def spans(

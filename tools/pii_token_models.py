@@ -138,9 +138,10 @@ def vector_columns(spots: list, dims: int, scale: float = 1.0,
             else:
                 row.append(-1)
         rows.append(row)
+    cut = pii_model.piece_tokenizer(vocab)
     vecs = np.zeros((len(words), emb.shape[1]))
     for w, k in words.items():
-        ps = pii_model.word_pieces(w, index) or ["[UNK]"]
+        ps = cut(w) or ["[UNK]"]
         vecs[k] = emb[[index[p] for p in ps]].mean(axis=0)
     mu = vecs.mean(axis=0)
     _u, _s, vt = np.linalg.svd(vecs - mu, full_matrices=False)
