@@ -118,9 +118,9 @@ def vector_columns(spots: list, dims: int, scale: float = 1.0,
     """The dense columns of the word-piece embeddings: for each scored token, the reduced
     (PCA, ``dims`` components, standard deviation ``scale``: the larger, the less the L2
     penalty holds their weights back) mean embedding of its word pieces at each of
-    ``positions`` (of ``pii_model.VECTOR_POSITIONS``; zeros off the message's ends). Returns
-    the matrix and
-    what ``fold_vectors`` needs to turn the fitted weights into per-piece values."""
+    ``positions`` (of ``pii_model.VECTOR_POSITIONS``; zeros off the message's ends).
+    Returns the matrix and what ``fold_vectors`` needs to turn the fitted weights into
+    per-piece values."""
     import numpy as np
 
     vocab, emb = minilm_pieces()
