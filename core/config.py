@@ -558,6 +558,11 @@ class SparkConfig(_Section):
     driver_memory: str = "4g"
     # 2 cores: few, larger shuffle partitions beat Spark's default of 200 tiny ones.
     shuffle_partitions: int = Field(8, ge=1)
+    java_options: str = Field(
+        "", description="Extra JVM options of the driver and executors (spark.driver and "
+        "spark.executor extraJavaOptions), e.g. '-XX:TieredStopAtLevel=1' for small inputs: "
+        "a spark-submit of a few thousand rows spends about 40% of its CPU in the JIT's "
+        "optimizing compiler (docs/BENCHMARKS.md)")
 
 
 DATASET_RE = re.compile(r"[a-z][a-z0-9_-]{0,39}")

@@ -69,8 +69,8 @@ default_args = {
 class StageSubmitOperator(SparkSubmitOperator):
     """spark-submit of one Spark stage, set up at run time from the run's resolved config:
     the driver memory is ``spark.driver_memory`` (the one setting; INTENTOPS__SPARK__DRIVER_MEMORY
-    overrides it like any field), and a stage that reads the ``desensitize`` section gets
-    the pseudonymization key in its environment, from the Airflow connection
+    overrides it like any field), the JVM options ``spark.java_options``, and a stage that
+    reads the ``desensitize`` section gets the pseudonymization key in its environment, from the Airflow connection
     `intentops_pseudonym` when it exists. The key never appears in the command line, in
     XCom or in rendered templates."""
 
@@ -88,6 +88,9 @@ class StageSubmitOperator(SparkSubmitOperator):
         args = list(self.application_args or [])
         cfg = load_run_config(args[args.index("--resolved-config") + 1])
         self._driver_memory = cfg.spark.driver_memory
+        if cfg.spark.java_options:
+            self.conf = {**(self.conf or {}), **{f"spark.{role}.extraJavaOptions": cfg.spark.java_options
+                                                 for role in ("driver", "executor")}}
         if "desensitize" in self.stage_sections:
             try:
                 key = Connection.get("intentops_pseudonym").password

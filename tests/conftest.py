@@ -78,6 +78,9 @@ FAST_PIPELINE_ENV = {
     "INTENTOPS__EXPORT__THROUGHPUT_BATCHES": "4",
     "INTENTOPS__EXPORT__CANDIDATE_BATCHES": "2",
     "INTENTOPS__SPARK__SHUFFLE_PARTITIONS": "2",
+    # The JIT's optimizing compiler costs a short spark-submit about 40% of its CPU (the
+    # suite's two workers share two cores): C1 only (spark.java_options, docs/BENCHMARKS.md).
+    "INTENTOPS__SPARK__JAVA_OPTIONS": "-XX:TieredStopAtLevel=1",
 }
 
 

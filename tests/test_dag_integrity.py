@@ -268,3 +268,29 @@ def test_the_other_nodes_of_a_multi_node_training_start_beside_the_train_task(da
             nodes(**one)
     with pytest.raises(AirflowSkipException):
         ranks.python_callable(None)
+
+
+@pytest.mark.parametrize("options", ["", "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"])
+def test_spark_stages_submit_with_the_run_configs_memory_and_jvm_options(dagbag, tmp_path, monkeypatch, options):
+    """The Spark tasks read the driver memory and ``spark.java_options`` from the run's
+    resolved config at run time: what they hand spark-submit (no JVM is started here)."""
+    from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
+
+    from core.config import load_config
+
+    cfg = load_config(overrides={"lake_root": str(tmp_path / "lake"), "spark.driver_memory": "3g",
+                                 "spark.java_options": options})
+    resolved = tmp_path / "config.json"
+    resolved.write_text(cfg.model_dump_json())
+    seen = {}
+    monkeypatch.setattr(SparkSubmitOperator, "execute",
+                        lambda self, context: seen.update(conf=dict(self.conf), memory=self._driver_memory))
+    task = dagbag.dags["intentops_pipeline"].get_task("clean")
+    task = task.__class__(task_id="clean_copy", application=task.application, stage_sections=(),
+                          conf=dict(task.conf or {}),
+                          application_args=["--resolved-config", str(resolved), "--run-id", "r1"])
+    task.execute({})
+    assert seen["memory"] == "3g"
+    java = {k: v for k, v in seen["conf"].items() if k.endswith("extraJavaOptions")}
+    assert java == ({"spark.driver.extraJavaOptions": options, "spark.executor.extraJavaOptions": options}
+                    if options else {})

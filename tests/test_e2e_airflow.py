@@ -195,6 +195,12 @@ def test_dag_trains_with_torchrun_and_registers_a_challenger(first_run, airflow_
     pair = model.predict(pd.DataFrame({"text": ["my name is Sarah Connor and my card has not arrived",
                                                 "my name is <PERSON> and my card has not arrived"]}))
     assert pair.iloc[0].to_dict() == pair.iloc[1].to_dict()
+    # Its requirements are the ones its code imports, pinned (declared, not inferred: the
+    # inference listed neither torch nor tokenizers, but this project's own distribution).
+    reqs = Path(mlflow.pyfunc.get_model_dependencies("models:/intentops-banking77@champion")).read_text().split()
+    names = {r.split("==")[0] for r in reqs}
+    assert {"torch", "tokenizers", "mlflow", "phonenumbers"} <= names and "intentops" not in names, reqs
+    assert all("==" in r and "+" not in r for r in reqs), reqs
 
 
 def test_dag_exports_onnx_builds_attached_to_the_registered_version(first_run, airflow_env, tmp_path):

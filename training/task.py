@@ -115,6 +115,29 @@ def torchrun_command(cfg: PipelineConfig, curated: Path, labels: Path, out: Path
                   *(["--mlflow-run-id", mlflow_run_id] if mlflow_run_id else [])]
 
 
+# What the logged model's code imports when MLflow loads it (training.predictor with the
+# contract's preprocessing), as distributions; pinned to this environment's versions by
+# ``model_requirements``. Declared rather than inferred: MLflow's inference loads the model
+# in a subprocess (about 10 s per logged model here) and found neither torch nor tokenizers
+# (it listed this project's own, unpublished, distribution instead).
+MODEL_DISTRIBUTIONS = ("mlflow", "cloudpickle", "torch", "transformers", "tokenizers", "numpy",
+                       "pandas", "pydantic", "pyyaml", "phonenumbers", "pyahocorasick", "names")
+
+
+def model_requirements() -> list[str]:
+    """``MODEL_DISTRIBUTIONS`` pinned to the installed versions (one not installed is left out)."""
+    from importlib import metadata
+
+    pins = []
+    for dist in MODEL_DISTRIBUTIONS:
+        try:
+            # without a local label ("2.13.0+cpu"): "==2.13.0" matches that build and PyPI's
+            pins.append(f"{dist}=={metadata.version(dist).split('+')[0]}")
+        except metadata.PackageNotFoundError:
+            continue
+    return pins
+
+
 def _log_model(cfg: PipelineConfig, mlflow_run_id: str, model_dir: Path) -> str:
     """Log the model to its training run as a pyfunc (once: found again by a run tag)."""
     import mlflow
@@ -142,6 +165,7 @@ def _log_model(cfg: PipelineConfig, mlflow_run_id: str, model_dir: Path) -> str:
             artifacts={"model_dir": str(model_dir)},
             signature=signature,
             input_example=example,
+            pip_requirements=model_requirements(),
             # the model code, and its contract's preprocessing (normalization, PII detector)
             code_paths=[str(PROJECT_ROOT / p) for p in ("training", "contract", "pii", "textnorm", "core")],
         )
