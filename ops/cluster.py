@@ -370,10 +370,10 @@ class Cluster(Services):
         artifacts.mkdir(parents=True, exist_ok=True)
         creds = self.registry_credentials()
         # The auth app's database on Postgres too; its URI carries no password (PGPASSWORD).
-        ini = registry_auth.write_server_config(self.root / "mlflow-auth",
-                                                f"postgresql+psycopg2://mlflow@127.0.0.1:{self.pg_port}/mlflow_auth")
-        server_env = {**env, "MLFLOW_AUTH_CONFIG_PATH": str(ini), "MLFLOW_AUTH_ADMIN_PASSWORD": creds.admin_password,
-                      "MLFLOW_FLASK_SERVER_SECRET_KEY": creds.flask_secret_key, "PGPASSWORD": pw,
+        server_env = {**env, **registry_auth.server_env(
+                          creds, self.root / "mlflow-auth",
+                          f"postgresql+psycopg2://mlflow@127.0.0.1:{self.pg_port}/mlflow_auth"),
+                      "PGPASSWORD": pw,
                       # the backend store URI with its password, read from the environment
                       "MLFLOW_BACKEND_STORE_URI": f"{db}/mlflow"}
         state["mlflow"] = self._spawn("mlflow", [
