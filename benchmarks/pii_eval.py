@@ -7,6 +7,7 @@ Sources (``pii/evaluation.py`` and ``data/pii_eval/SOURCE.md`` describe them):
 * ``presidio-tuned`` / ``presidio-heldback``: presidio-evaluator's sentences, split by
   template; the held-back half has its own seed and no rule or model saw it;
 * ``casual-tuned`` / ``casual-heldback``: hand-labeled casual messages, split by phrasing;
+  ``casual-fresh``: a second held-back set of casual messages, other phrasings (2026-12-07);
 * each of these as written, lower-cased and upper-cased;
 * Banking77's real messages (test split, never trained on; train split, whose messages
   were the model's negatives) for false detections per 1,000 messages.
@@ -99,6 +100,7 @@ def main() -> None:
         "presidio-heldback": E.load_presidio(ev / "presidio_heldback.jsonl"),
         "casual-tuned": E.load_casual(ev / "casual_tuned.tsv"),
         "casual-heldback": E.load_casual(ev / "casual_heldback.tsv"),
+        "casual-fresh": E.load_casual(ev / "casual_fresh.tsv"),
     }
     quality: dict = {}
     for name, samples in sets.items():

@@ -6,7 +6,8 @@ Sources (``data/pii_eval/SOURCE.md`` says where each comes from):
   sentences (its templates, Faker values), split by template; scored as written and in
   lower and upper case (``case_variant``);
 * ``casual_tuned.tsv`` / ``casual_heldback.tsv``: hand-labeled casual messages, split by
-  phrasing (a phrasing is in one file only);
+  phrasing (a phrasing is in one file only); ``casual_fresh.tsv``: a second held-back set
+  of other phrasings, written later by another hand, for judging new candidates;
 * Banking77's real messages (``data/banking77``) as a false-positive corpus: they hold
   almost no personal data, so every detection there is counted per 1,000 messages.
 
