@@ -32,6 +32,12 @@ components, for the word and two words either side) as dense columns of the PERS
 and folds their weights into one value per word piece and position (``vectors`` in the
 weights file; ``pii/model.py`` reads them). Measured on the folds and the held-back halves
 on 2026-12-06 and not shipped (docs/BENCHMARKS.md): the default is 0.
+
+``--template-fills N`` adds ``data/pii_train/casual_templates.tsv`` (casual phrasings
+written for training) filled N times each with names of the table. Tried on 2026-12-07 and
+not shipped: lower-cased Banking77 test messages got 6 false names in 3,080 (1.95 per
+1,000, the floor is 1.3) with either name mix, and so did a retrain without templates
+(docs/BENCHMARKS.md): the default is 0.
 """
 
 from __future__ import annotations
@@ -73,6 +79,66 @@ def builder_samples(rows: int, seed: int) -> list[pii_eval.Sample]:
     with tempfile.TemporaryDirectory() as d:
         build_raw(d, BuilderConfig(rows=rows, seed=seed, fmt="parquet", source="train"))
         return load_builder(Path(d))
+
+
+TEMPLATES = ROOT / "data" / "pii_train" / "casual_templates.tsv"
+
+
+WEEKDAYS = {"monday", "tuesday", "wednesday", "thursday", "friday", "saturday", "sunday"}
+
+
+def _name_pools() -> dict[str, list[list[str]]]:
+    """First names and surnames of the name table, in three pools each: common names,
+    names of many countries (rank up to 4,000), and names that are also English words
+    (not the weekdays)."""
+    rows = []
+    with gzip.open(pii_model.TABLE, "rt", encoding="utf-8") as f:
+        for line in f:
+            if line.startswith("#") or line.startswith("token\t"):
+                continue
+            tok, first, last, zipf = line.rstrip("\n").split("\t")
+            if tok.isalpha() and tok not in WEEKDAYS:
+                rows.append((tok, int(first), int(last), float(zipf)))
+    pools = {}
+    for kind, col in (("f", 1), ("l", 2)):
+        pools[kind] = [
+            [r[0] for r in rows if 0 < r[col] <= 300 and r[3] < 4.5],
+            [r[0] for r in rows if 0 < r[col] <= 4000 and r[3] < 4.0],
+            [r[0] for r in rows if 0 < r[col] <= 1000 and 4.0 <= r[3] < 5.2],
+        ]
+    return pools
+
+
+def template_samples(fills: int, seed: int, shares: tuple[float, float, float] = (60, 40, 0)
+                     ) -> list[pii_eval.Sample]:
+    """``casual_templates.tsv`` filled ``fills`` times each with names of the table, title
+    case (``case_variant`` lower-cases them), drawn from its pools (common, many countries,
+    English words) in ``shares``; every template is its own group."""
+    import random
+    import re
+
+    rng = random.Random(seed)
+    pools = _name_pools()
+
+    def name(kind: str) -> str:
+        pool = pools[kind][rng.choices((0, 1, 2), weights=shares)[0]]
+        return rng.choice(pool).title()
+
+    out = []
+    lines = [ln.rstrip("\n").split("\t", 1) for ln in TEMPLATES.read_text(encoding="utf-8").splitlines()
+             if ln.strip() and not ln.startswith("#")]
+    for n, (phrasing, template) in enumerate(lines):
+        for _ in range(fills if "{" in template else 1):
+            text, spans, pos = "", [], 0
+            for m in re.finditer(r"\{([fln])\}", template):
+                text += template[pos:m.start()]
+                value = f"{name('f')} {name('l')}" if m.group(1) == "n" else name(m.group(1))
+                spans.append((len(text), len(text) + len(value), "PERSON"))
+                text += value
+                pos = m.end()
+            text += template[pos:]
+            out.append(pii_eval.Sample(text, spans, f"template-{phrasing}-{n}"))
+    return out
 
 
 def examples(samples: list[pii_eval.Sample], kind: str):
@@ -262,6 +328,13 @@ def main() -> None:
     ap.add_argument("--fold", type=int, default=0, choices=range(5),
                     help="with --validate: which fifth of the tuned templates and phrasings to hold out")
     ap.add_argument("--examples", type=int, default=0)
+    ap.add_argument("--template-fills", type=int, default=0,
+                    help="PERSON: fill each template of data/pii_train/casual_templates.tsv "
+                         "this many times with names of the table (0: no templates)")
+    ap.add_argument("--template-pools", type=float, nargs=3, default=[60, 40, 0],
+                    metavar=("COMMON", "WIDE", "WORDS"),
+                    help="shares of the fills' names: common names, names of many countries, "
+                         "names that are English words")
     ap.add_argument("--vector-dims", type=int, default=0,
                     help="PERSON: principal components of the word-piece embeddings per "
                          "position (0: no embedding terms)")
@@ -287,6 +360,7 @@ def main() -> None:
     bank = [pii_eval.Sample(t, [], f"banking77-{i}")  # real messages: each its own group
             for i, t in enumerate(pii_eval.load_banking77("train"))]
     builder = builder_samples(args.builder_rows, args.seed)
+    templates = template_samples(args.template_fills, args.seed, tuple(args.template_pools)) if args.template_fills else []
     data = []
     for case in pii_eval.CASES:
         data += pii_eval.case_variant(presidio, case)
@@ -294,6 +368,7 @@ def main() -> None:
         data += pii_eval.case_variant(casual, case) * 3  # few, and the kind of text we serve
         data += pii_eval.case_variant(builder, case)
         data += pii_eval.case_variant(bank, case)
+        data += pii_eval.case_variant(templates, case)
     out: dict = {}
     for start in (Path(args.out), pii_model.MODEL):  # the kinds not trained now are kept
         if start.exists():
@@ -304,7 +379,7 @@ def main() -> None:
         out[kind] = train(data, kind, args)
         out[kind]["trained_on"].update(
             presidio_tuned=len(presidio), casual_tuned=len(casual), builder_rows=len(builder),
-            banking77_train=len(bank))
+            banking77_train=len(bank), **({"casual_templates": len(templates)} if templates else {}))
         print(kind, len(out[kind]["weights"]), "weights", out[kind]["trained_on"])
     dest = Path(args.out)
     if args.validate and dest == pii_model.MODEL:
