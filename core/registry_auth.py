@@ -124,10 +124,10 @@ def server_env(creds: RegistryCredentials, auth_dir: Path, auth_db: str | None =
     database is ``auth_db``, by default a SQLite file in ``auth_dir`` (beside the tracking
     store).
 
-    The server's job execution is off: MLflow 3 starts seven Huey consumer processes for
-    its GenAI jobs (scorers, trace roll-ups), about 250 MB each and a few CPU seconds a
-    minute between them, which nothing here uses (measured 2026-12-07: 1.75 GB and 7
-    processes per server)."""
+    The server's job execution is off: with it, MLflow 3 starts seven Huey consumer
+    processes for its GenAI jobs (scorers, trace roll-ups), which nothing here uses; an
+    idle server took 2.5 GB and 4.1 CPU seconds a minute with them, 0.54 GB and 0.1
+    without (``benchmarks/mlflow_server.py``, docs/BENCHMARKS.md)."""
     ini = write_server_config(auth_dir, auth_db or f"sqlite:///{Path(auth_dir) / 'basic_auth.db'}")
     return {"MLFLOW_AUTH_CONFIG_PATH": str(ini), "MLFLOW_AUTH_ADMIN_PASSWORD": creds.admin_password,
             "MLFLOW_FLASK_SERVER_SECRET_KEY": creds.flask_secret_key,
