@@ -131,7 +131,8 @@ def server_env(creds: RegistryCredentials, auth_dir: Path, auth_db: str | None =
     ini = write_server_config(auth_dir, auth_db or f"sqlite:///{Path(auth_dir) / 'basic_auth.db'}")
     return {"MLFLOW_AUTH_CONFIG_PATH": str(ini), "MLFLOW_AUTH_ADMIN_PASSWORD": creds.admin_password,
             "MLFLOW_FLASK_SERVER_SECRET_KEY": creds.flask_secret_key,
-            "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
+            # off unless the environment turns it on
+            "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": os.environ.get("MLFLOW_SERVER_ENABLE_JOB_EXECUTION", "false")}
 
 
 def client_env(creds: RegistryCredentials, user: str = PIPELINE_USER) -> dict[str, str]:

@@ -179,3 +179,13 @@ def test_commands_run_by_hand_reach_the_services_registry_as_the_pipeline(tmp_pa
     assert described["auth"] == "basic" and described["credentials_file"].endswith("credentials.json")
     assert creds.pipeline_password not in json.dumps(svc.describe({}))
     assert svc.env()["MLFLOW_TRACKING_USERNAME"] == PIPELINE_USER
+
+
+def test_the_server_starts_without_mlflow_job_execution_unless_asked(tmp_path, monkeypatch):
+    """MLflow 3's job execution (seven Huey consumers per server, for GenAI jobs nothing
+    here runs) is off in the servers the project starts; the environment can turn it on."""
+    creds = registry_auth.RegistryCredentials.load_or_create(tmp_path / "credentials.json")
+    monkeypatch.delenv("MLFLOW_SERVER_ENABLE_JOB_EXECUTION", raising=False)
+    assert registry_auth.server_env(creds, tmp_path / "auth")["MLFLOW_SERVER_ENABLE_JOB_EXECUTION"] == "false"
+    monkeypatch.setenv("MLFLOW_SERVER_ENABLE_JOB_EXECUTION", "true")
+    assert registry_auth.server_env(creds, tmp_path / "auth")["MLFLOW_SERVER_ENABLE_JOB_EXECUTION"] == "true"
