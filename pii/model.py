@@ -213,7 +213,8 @@ def person_own(tok: str, caseless: bool, bos: bool) -> tuple[str, ...]:
 def person_candidate(low: str) -> bool:
     """Whether the PERSON model scores a word at all: not a common English word (Zipf
     under 5: "card", "the", "transfer" are out), unless it is a common first or last name
-    somewhere (best rank 200 or better: "will", "mark", "green"). Training sees the same
+    somewhere (best rank 200 or better: "will", "mark", "green"); not a compound of common
+    words, nor a typo of a common word (``swapped_common_word``). Training sees the same
     words."""
     if "'" in low or "’" in low:  # "didn't", "i'm", "you're": contractions are no names
         tail = low.replace("’", "'").rsplit("'", 1)[1]
@@ -229,7 +230,23 @@ def person_candidate(low: str) -> bool:
         parts = [word_class(p) for p in low.split("-") if p]
         if parts and all(z != "u" and int(z) >= 9 and "a" not in (f, la) for f, la, z in parts):
             return False
+    if zb == "u" and len(low) >= 4 and swapped_common_word(low):
+        return False
     return zb == "u" or int(zb) < 10 or fb in ("a", "b", "c") or lb in ("a", "b", "c")
+
+
+@functools.lru_cache(maxsize=65536)
+def swapped_common_word(low: str) -> bool:
+    """Whether swapping two neighbouring letters of ``low`` gives a common English word
+    (Zipf 4.5 or more): "crad", "accpeted", "tarnsfer" are typos. Asked only of words the
+    name table does not hold, so a rare name the table knows is never taken for one."""
+    for i in range(len(low) - 1):
+        if low[i] == low[i + 1] or not (low[i].isalpha() and low[i + 1].isalpha()):
+            continue
+        _, _, zb = word_class(low[:i] + low[i + 1] + low[i] + low[i + 2:])
+        if zb != "u" and int(zb) >= 9:
+            return True
+    return False
 
 
 def token_features(

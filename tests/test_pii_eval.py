@@ -280,10 +280,11 @@ def test_heldback_recall_and_precision(heldback, source: str, case: str) -> None
     assert not failed, failed
 
 
-@pytest.mark.parametrize(("case", "most"), [("cased", 1.0), ("lower", 1.3)])
+@pytest.mark.parametrize(("case", "most"), [("cased", 1.0), ("lower", 1.0)])
 def test_false_detections_on_real_banking77_messages(case: str, most: float) -> None:
-    """Per 1,000 held-out (test split) messages, as written and lower-cased: the target is
-    at most 1; lower-cased text is at 1.3 (4 of 3,080: typos read as names), its floor."""
+    """Per 1,000 held-out (test split) messages, as written and lower-cased: at most 1, the
+    target (2 and 3 of 3,080 since 2026-12-07, when typos of common words stopped being
+    name candidates; 3 and 4 before)."""
     texts = E.load_banking77("test")
     if case == "lower":
         texts = [t.lower() for t in texts]

@@ -62,3 +62,13 @@ def test_a_model_without_vectors_adds_nothing() -> None:
     assert model.word_values("sarah") == (0.0,) * len(pm.VECTOR_POSITIONS)
     scores = model.token_scores("call me sarah", False, [])
     assert [(t, sc) for _s, _e, t, sc in scores if t == "sarah"] == [("sarah", 1.0)]
+
+
+def test_a_typo_of_a_common_word_is_no_name_candidate() -> None:
+    """A word the name table does not hold that two swapped neighbouring letters take to a
+    common English word is a typo ("crad", "accpeted"); misspelt names the table holds
+    ("jhon", "micheal") and rare names no swap makes a word of stay candidates."""
+    for word in ("crad", "accpeted", "tarnsfer", "paymnet"):
+        assert pm.swapped_common_word(word) and not pm.person_candidate(word), word
+    for word in ("jhon", "micheal", "raechel", "nial", "sarah", "zainab"):
+        assert pm.person_candidate(word), word
