@@ -70,8 +70,8 @@ class StageSubmitOperator(SparkSubmitOperator):
     """spark-submit of one Spark stage, set up at run time from the run's resolved config:
     the driver memory is ``spark.driver_memory`` (the one setting; INTENTOPS__SPARK__DRIVER_MEMORY
     overrides it like any field), the JVM options ``spark.java_options``, and a stage that
-    reads the ``desensitize`` section gets the pseudonymization key in its environment, from the Airflow connection
-    `intentops_pseudonym` when it exists. The key never appears in the command line, in
+    reads the ``desensitize`` section gets the pseudonymization key in its environment,
+    from the Airflow connection `intentops_pseudonym` when it exists. The key never appears in the command line, in
     XCom or in rendered templates."""
 
     def __init__(self, *, stage_sections: tuple[str, ...] = (), **kwargs):

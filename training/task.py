@@ -118,8 +118,9 @@ def torchrun_command(cfg: PipelineConfig, curated: Path, labels: Path, out: Path
 # What the logged model's code imports when MLflow loads it (training.predictor with the
 # contract's preprocessing), as distributions; pinned to this environment's versions by
 # ``model_requirements``. Declared rather than inferred: MLflow's inference loads the model
-# in a subprocess (about 10 s per logged model here) and found neither torch nor tokenizers
-# (it listed this project's own, unpublished, distribution instead).
+# in a subprocess (8.6 s per logged model against 0.5 s, benchmarks/model_logging.py) and
+# found neither torch nor tokenizers (it listed this project's own, unpublished,
+# distribution instead).
 MODEL_DISTRIBUTIONS = ("mlflow", "cloudpickle", "torch", "transformers", "tokenizers", "numpy",
                        "pandas", "pydantic", "pyyaml", "phonenumbers", "pyahocorasick", "names")
 
