@@ -564,6 +564,12 @@ class SparkConfig(_Section):
         "a spark-submit of a few thousand rows spends about 40% of its CPU in the JIT's "
         "optimizing compiler (docs/BENCHMARKS.md)")
 
+    def java_conf(self) -> dict[str, str]:
+        """``java_options`` as the Spark properties that carry it (none when empty)."""
+        if not self.java_options:
+            return {}
+        return {f"spark.{role}.extraJavaOptions": self.java_options for role in ("driver", "executor")}
+
 
 DATASET_RE = re.compile(r"[a-z][a-z0-9_-]{0,39}")
 

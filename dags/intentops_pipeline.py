@@ -88,9 +88,7 @@ class StageSubmitOperator(SparkSubmitOperator):
         args = list(self.application_args or [])
         cfg = load_run_config(args[args.index("--resolved-config") + 1])
         self._driver_memory = cfg.spark.driver_memory
-        if cfg.spark.java_options:
-            self.conf = {**(self.conf or {}), **{f"spark.{role}.extraJavaOptions": cfg.spark.java_options
-                                                 for role in ("driver", "executor")}}
+        self.conf = {**(self.conf or {}), **cfg.spark.java_conf()}
         if "desensitize" in self.stage_sections:
             try:
                 key = Connection.get("intentops_pseudonym").password

@@ -48,9 +48,8 @@ def get_spark(cfg: PipelineConfig, app: str) -> SparkSession:
         builder = builder.master(cfg.spark.master).config(
             "spark.driver.memory", cfg.spark.driver_memory
         )
-        if cfg.spark.java_options:
-            for role in ("driver", "executor"):
-                builder = builder.config(f"spark.{role}.extraJavaOptions", cfg.spark.java_options)
+        for key, value in cfg.spark.java_conf().items():
+            builder = builder.config(key, value)
     spark = (
         builder.config("spark.sql.shuffle.partitions", str(cfg.spark.shuffle_partitions))
         .config("spark.ui.showConsoleProgress", "false")
