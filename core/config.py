@@ -252,8 +252,9 @@ class TrainingHParams(_Section):
     """Training hyper-parameters: the one definition the config, the DAG's trigger form and
     the torchrun workers (``training.train``, which reads them back from a JSON file) share.
 
-    The defaults fine-tune the pretrained MiniLM for two epochs in bf16 (1.45-1.7x faster
-    than fp32 on an AVX512-BF16 CPU): on Banking77's official test split, which the demo's
+    The defaults fine-tune the pretrained MiniLM for two epochs, in bf16 where the hardware
+    has it (1.45-1.7x faster than fp32 on an AVX512-BF16 CPU; 5x slower on a CPU without it,
+    hence ``auto``): on Banking77's official test split, which the demo's
     export never sees, one epoch reached 0.908 and two 0.930-0.932 (docs/BENCHMARKS.md, issue 21).
     Peak lr 2e-4, not 1e-4: measured on the demo data,
     one epoch at 1e-4 reached 0.891 test accuracy and its int8 build agreed with fp32 on
@@ -275,7 +276,9 @@ class TrainingHParams(_Section):
     weight_decay: float = Field(0.01, ge=0)
     warmup_ratio: float = Field(0.06, ge=0, lt=1, description="Share of steps with a rising learning rate.")
     max_grad_norm: float | None = Field(1.0, gt=0, description="Gradient clipping norm; empty disables clipping.")
-    precision: Literal["fp32", "bf16"] = Field("bf16", description="Autocast precision of the forward pass.")
+    precision: Literal["auto", "fp32", "bf16"] = Field(
+        "auto", description="Autocast precision of the forward pass; auto: bf16 where the device "
+        "computes it natively (a CUDA GPU with bf16, a CPU with AVX512-BF16 or AMX), else fp32.")
     checkpoint_every_steps: int = Field(100, ge=1, description="Optimizer steps between checkpoints.")
     early_stopping_patience: int | None = Field(
         2, ge=1, description="Evaluations without improvement before stopping; empty disables.")

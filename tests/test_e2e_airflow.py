@@ -179,6 +179,14 @@ def test_dag_trains_with_torchrun_and_registers_a_challenger(first_run, airflow_
     assert run.data.tags["intentops.data.labelqa_key"] == stage.upstream(lake, run_name, "labelqa").manifest["key"]
     assert run.data.tags["intentops.data_quality_run_id"] == stages["labelqa"]["mlflow_run_id"]
     assert "train_loss" in run.data.metrics and "test_accuracy" in run.data.metrics
+    # The default precision, auto, runs in what this machine computes natively.
+    import torch
+
+    from training.optim import native_bf16
+
+    assert run.data.params["precision_requested"] == "auto"
+    assert run.data.params["precision"] == metrics["precision"] == (
+        "bf16" if native_bf16(torch.device("cpu")) else "fp32")
     assert reg["registered"] is True, reg
     # Registered as challenger; the deploy stage then promoted it, so the alias moved on
     # to champion (the deploy test checks that).

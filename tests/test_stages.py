@@ -256,7 +256,7 @@ def test_form_values_override_the_config_and_empty_keeps_it(tmp_path, monkeypatc
     assert cfg.dedup.threshold == 0.85  # empty in the form: the configured value
     assert cfg.training.hparams.epochs == 2 and cfg.training.hparams.lr == 1e-3
     assert cfg.labelqa.min_alpha == -1
-    assert cfg.training.hparams.precision == "bf16"  # the one set of defaults
+    assert cfg.training.hparams.precision == "auto"  # the one set of defaults
 
 
 def test_a_dataset_config_file_names_everything_after_the_dataset(tmp_path, monkeypatch):

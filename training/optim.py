@@ -49,5 +49,25 @@ def adamw(groups: list[dict[str, Any]], lr: float) -> torch.optim.AdamW:
     return torch.optim.AdamW(groups, lr=lr, fused=True)
 
 
+def native_bf16(device: torch.device) -> bool:
+    """Whether ``device`` computes bf16 in hardware. Without it autocast emulates bf16 and is
+    slower, not faster: a CPU without AVX512-BF16 ran the small encoder's training step
+    5x slower under bf16 autocast than in fp32 (benchmarks/precision.py, docs/BENCHMARKS.md)."""
+    if device.type == "cuda":
+        return torch.cuda.is_bf16_supported()
+    if device.type == "cpu":
+        probes = ("_is_avx512_bf16_supported", "_is_amx_tile_supported")
+        return any(getattr(torch.cpu, name, lambda: False)() for name in probes)
+    return False
+
+
+def resolve_precision(requested: str, device: torch.device) -> str:
+    """The precision a run uses: ``auto`` is bf16 on hardware with native bf16, else fp32;
+    an explicit ``fp32`` or ``bf16`` is used as asked."""
+    if requested != "auto":
+        return requested
+    return "bf16" if native_bf16(device) else "fp32"
+
+
 def autocast(ctx: DistContext, precision: str) -> contextlib.AbstractContextManager[Any]:
     return torch.autocast(ctx.device.type, dtype=torch.bfloat16, enabled=precision == "bf16")

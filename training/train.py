@@ -80,7 +80,7 @@ from training.mlflow_log import Tracker as Tracker
 from training.mlflow_log import TrackingError, log_outputs, open_tracker
 from training.mlflow_log import _transient as _transient
 from training.models import build_model
-from training.optim import WarmupLinearDecay, adamw, autocast, param_groups
+from training.optim import WarmupLinearDecay, adamw, autocast, param_groups, resolve_precision
 from training.outputs import log_step, write_json, write_outputs
 from training.outputs import trim_history as _trim_history  # noqa: F401
 from training.outputs import write_json as _write_json  # noqa: F401
@@ -123,6 +123,10 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 
 def setup(args: argparse.Namespace, cfg: TrainConfig, ctx: DistContext, started: float) -> Run:
     """Data, model (one DDP replica per rank), train sampler, optimizer and LR schedule."""
+    requested = cfg.precision
+    # From here on the run (its identity, autocast, metrics, model_config) sees the precision
+    # it computes in; config.json and the MLflow params keep what was asked for beside it.
+    cfg = cfg.model_copy(update={"precision": resolve_precision(requested, ctx.device)})
     threads = cfg.num_threads or default_threads(ctx.world_size)
     torch.set_num_threads(threads)
     labels = load_labels(args.labels)
@@ -142,6 +146,7 @@ def setup(args: argparse.Namespace, cfg: TrainConfig, ctx: DistContext, started:
                 "labels": labels, "data": {f"{s}_rows": len(d) for s, d in ds.items()}}
     fingerprint = ckpt.config_fingerprint(identity)
     resolved = cfg.model_dump() | {"num_threads": threads, "world_size": ctx.world_size,
+                                   "precision_requested": requested,
                                    "config_fingerprint": fingerprint}
 
     seed_everything(cfg.seed)  # identical initial weights on every rank, any world size
