@@ -234,7 +234,10 @@ def main(argv: list[str] | None = None) -> int:
     def ready() -> dict[str, Any]:
         return {"status": "ready", "history": scaler.mem.history[-20:]}
 
-    uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
+    uvicorn.run(app, host=args.host, port=args.port, log_level="warning")  # until SIGTERM
+    # The scaling thread dies with this process; a replica it is still starting must not.
+    for pid in scaler.dep.stop_unrecorded_children():
+        log.info("stopped replica pid %d, still starting when the autoscaler stopped", pid)
     return 0
 
 

@@ -200,6 +200,29 @@ class Deployment:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(proc["pid"], signal.SIGKILL)
 
+    def stop_unrecorded_children(self) -> list[int]:
+        """Stop the servers this process started that neither ``state.json`` nor the replicas
+        file records: one still starting when the process was told to stop. They run in
+        their own session, so they would outlive this process, and nothing would stop them
+        (a CI run of 2026-12-07 left a replica the autoscaler was starting when the
+        deployment stopped). Returns their pids."""
+        state = self.state()
+        recorded = {e.get("pid") for e in self.extras()} | {
+            (state.get(role) or {}).get("pid") for role in ("stable", "canary", "router", "autoscaler")}
+        stopped = []
+        for pid, child in list(_CHILDREN.items()):
+            if pid not in recorded and child.poll() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(pid, signal.SIGTERM)
+                try:
+                    child.wait(timeout=10)
+                except subprocess.TimeoutExpired:
+                    with contextlib.suppress(ProcessLookupError):
+                        os.killpg(pid, signal.SIGKILL)
+                    child.wait(timeout=10)
+                stopped.append(pid)
+        return stopped
+
     def start_server(self, build: Path, version: str, role: str,
                      extra: list[str] | None = None) -> dict[str, Any]:
         d = self.d

@@ -287,3 +287,47 @@ def test_autoscaler_adds_a_replica_under_load_and_removes_it_after(store, projec
         stopped = dep.stop()
     assert any("autoscaler" in s for s in stopped)
     assert not dep.extras()
+    # No server of this deployment outlives it, a replica the autoscaler was still starting
+    # included (Deployment.stop_unrecorded_children).
+    deadline = time.time() + 15
+    while time.time() < deadline and _servers_of(build):
+        time.sleep(0.2)
+    assert not _servers_of(build)
+
+
+def _servers_of(build: Path) -> list[int]:
+    import psutil
+
+    out = []
+    for p in psutil.process_iter(["pid", "cmdline"]):
+        cmd = p.info["cmdline"] or []
+        if "deploy.server" in cmd and str(build) in cmd:
+            out.append(p.info["pid"])
+    return out
+
+
+def test_a_server_started_but_not_yet_recorded_is_stopped_with_its_starter(store, project_env, tmp_path,
+                                                                          monkeypatch):
+    """What the autoscaler does when it is stopped: a replica it had started but not yet
+    recorded (it was waiting for it to be ready) is stopped; recorded servers are not."""
+    from core.config import load_config
+    from deploy.deployment import Deployment
+
+    for k, v in project_env.items():
+        monkeypatch.setenv(k, v)
+    cfg = load_config(overrides={"deploy.root": str(tmp_path / "deploy"), "lake_root": str(tmp_path / "lake"),
+                                 "deploy.router_port": 0})
+    dep = Deployment(cfg)
+    build = dep.root / "builds" / "v1"
+    shutil.copytree(store / "v1", build)
+    state = dep.state()
+    try:
+        state["stable"] = dep.start_server(build, "1", "stable")
+        dep.save(state)
+        starting = dep.start_server(build, "1", "stable-r1")  # started, not recorded
+        assert dep.stop_unrecorded_children() == [starting["pid"]]
+        assert not dep.alive(starting) and dep.alive(state["stable"])
+        assert dep.stop_unrecorded_children() == []
+    finally:
+        dep.stop()
+    assert not _servers_of(build)
