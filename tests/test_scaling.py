@@ -216,26 +216,18 @@ def test_cache_answers_repeats_per_variant_and_empties_on_a_new_version(store, p
 
 def test_autoscaler_adds_a_replica_under_load_and_removes_it_after(store, project_env, tmp_path, audit_log,
                                                                   monkeypatch):
-    from core.config import load_config
-    from deploy.deployment import Deployment
-
-    for k, v in project_env.items():
-        monkeypatch.setenv(k, v)
     # Short windows to keep the test short; 6 s of calm before a scale-down, not 3: on a
     # busy host the test's load threads can stall long enough to look calm for 4 s (a CI
     # run of 2026-12-07 scaled 1 -> 2 -> 1 -> 2 under load).
-    cfg = load_config(overrides={
-        "deploy.root": str(tmp_path / "deploy"), "lake_root": str(tmp_path / "lake"),
-        "deploy.router_port": 0, "deploy.max_delay_ms": 2,
+    dep, build = _deployment(store, tmp_path, project_env, monkeypatch, {
+        "deploy.max_delay_ms": 2,
         "deploy.autoscale.min_replicas": 1, "deploy.autoscale.max_replicas": 2,
         "deploy.autoscale.interval_seconds": 0.5, "deploy.autoscale.target_outstanding": 2,
         "deploy.autoscale.low_outstanding": 1, "deploy.autoscale.max_p99_ms": 60000,
         "deploy.autoscale.max_cpu": 1.0, "deploy.autoscale.window_seconds": 2,
         "deploy.autoscale.up_cooldown_seconds": 1, "deploy.autoscale.down_after_seconds": 6,
         "deploy.autoscale.down_cooldown_seconds": 2})
-    dep = Deployment(cfg)
-    build = dep.root / "builds" / "v1"
-    shutil.copytree(store / "v1", build)
+    cfg = dep.cfg
     state = dep.state()
     try:
         state["stable"] = dep.start_server(build, "1", "stable")
@@ -310,16 +302,7 @@ def test_a_server_started_but_not_yet_recorded_is_stopped_with_its_starter(store
                                                                           monkeypatch):
     """What the autoscaler does when it is stopped: a replica it had started but not yet
     recorded (it was waiting for it to be ready) is stopped; recorded servers are not."""
-    from core.config import load_config
-    from deploy.deployment import Deployment
-
-    for k, v in project_env.items():
-        monkeypatch.setenv(k, v)
-    cfg = load_config(overrides={"deploy.root": str(tmp_path / "deploy"), "lake_root": str(tmp_path / "lake"),
-                                 "deploy.router_port": 0})
-    dep = Deployment(cfg)
-    build = dep.root / "builds" / "v1"
-    shutil.copytree(store / "v1", build)
+    dep, build = _deployment(store, tmp_path, project_env, monkeypatch, {})
     state = dep.state()
     try:
         state["stable"] = dep.start_server(build, "1", "stable")
@@ -331,3 +314,18 @@ def test_a_server_started_but_not_yet_recorded_is_stopped_with_its_starter(store
     finally:
         dep.stop()
     assert not _servers_of(build)
+
+
+def _deployment(store: Path, tmp_path: Path, env: dict, monkeypatch, overrides: dict):
+    """A deployment under ``tmp_path`` with the store's v1 build copied in: (dep, build)."""
+    from core.config import load_config
+    from deploy.deployment import Deployment
+
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    dep = Deployment(load_config(overrides={
+        "deploy.root": str(tmp_path / "deploy"), "lake_root": str(tmp_path / "lake"),
+        "deploy.router_port": 0} | overrides))
+    build = dep.root / "builds" / "v1"
+    shutil.copytree(store / "v1", build)
+    return dep, build
