@@ -253,8 +253,8 @@ class TrainingHParams(_Section):
     the torchrun workers (``training.train``, which reads them back from a JSON file) share.
 
     The defaults fine-tune the pretrained MiniLM for two epochs, in bf16 where the hardware
-    has it (1.45-1.7x faster than fp32 on an AVX512-BF16 CPU; 5x slower on a CPU without it,
-    hence ``auto``): on Banking77's official test split, which the demo's
+    has it (1.45-1.7x faster than fp32 on an AVX512-BF16 CPU; 8-15x slower on a CPU without
+    it, hence ``auto``): on Banking77's official test split, which the demo's
     export never sees, one epoch reached 0.908 and two 0.930-0.932 (docs/BENCHMARKS.md, issue 21).
     Peak lr 2e-4, not 1e-4: measured on the demo data,
     one epoch at 1e-4 reached 0.891 test accuracy and its int8 build agreed with fp32 on

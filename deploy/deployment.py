@@ -212,14 +212,8 @@ class Deployment:
         stopped = []
         for pid, child in list(_CHILDREN.items()):
             if pid not in recorded and child.poll() is None:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(pid, signal.SIGTERM)
-                try:
-                    child.wait(timeout=10)
-                except subprocess.TimeoutExpired:
-                    with contextlib.suppress(ProcessLookupError):
-                        os.killpg(pid, signal.SIGKILL)
-                    child.wait(timeout=10)
+                self.kill({"pid": pid, "create_time": procs.start_time(pid)}, grace=10)
+                child.wait(timeout=10)  # reaped: no zombie left behind
                 stopped.append(pid)
         return stopped
 

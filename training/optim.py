@@ -51,8 +51,9 @@ def adamw(groups: list[dict[str, Any]], lr: float) -> torch.optim.AdamW:
 
 def native_bf16(device: torch.device) -> bool:
     """Whether ``device`` computes bf16 in hardware. Without it autocast emulates bf16 and is
-    slower, not faster: a CPU without AVX512-BF16 ran the small encoder's training step
-    5x slower under bf16 autocast than in fp32 (benchmarks/precision.py, docs/BENCHMARKS.md)."""
+    slower, not faster: on a CPU without AVX512-BF16 a training step took 8x (the small
+    encoder) and 15x (MiniLM) the fp32 time under bf16 autocast (benchmarks/precision.py,
+    docs/BENCHMARKS.md)."""
     if device.type == "cuda":
         return torch.cuda.is_bf16_supported()
     if device.type == "cpu":
