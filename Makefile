@@ -136,9 +136,11 @@ $(PII_TOOLS)/.installed: tools/requirements-pii.txt
 pii-corpus: $(PII_TOOLS)/.installed
 	$(PII_TOOLS)/bin/python tools/pii_corpus.py --out data/pii_eval
 
-# the trimmed name / English-word table (pii/data/names.tsv.gz)
+# the trimmed name / English-word table (pii/data/names.tsv.gz) and the English lexicon
+# of word forms and their grammar (pii/data/lexicon.tsv.gz)
 pii-tables: $(PII_TOOLS)/.installed
 	$(PII_TOOLS)/bin/python tools/pii_tables.py
+	$(PII_TOOLS)/bin/python tools/pii_lexicon.py
 
 # the PERSON and ADDRESS token models (pii/data/token_models.json.gz)
 pii-models: $(VENV)/.installed

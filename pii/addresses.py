@@ -346,3 +346,74 @@ def _joined_addresses(found: list[tuple[int, int, str]]) -> list[tuple[int, int,
         else:
             joined.append([s, e, ent, e - s])
     return out + [(s, e, ent) for s, e, ent, _ in joined]
+
+
+# --------------------------------------------------------------------------- cued addresses
+
+# Phrases that say a postal address follows: where someone lives ("i live at", "we're
+# now on", "my address is", "moved to", "my new place is") or where something is sent
+# ("send it to", "deliver the card to", "post it to"). In any case.
+_RESIDENCE_CUE = (
+    r"(?:i|we|they|he|she|mum|mom|dad)\s+(?:now\s+|still\s+|currently\s+)?"
+    r"(?:live|lives|living|stay|stays|staying|reside|resides)\s+(?:at|on|in)"
+    r"|(?:i['’]?m|we['’]?re|i\s+am|we\s+are)\s+(?:now\s+)?(?:at|on)"
+    r"|address\s+(?:is\s+now|is|now|changed\s+to|has\s+changed\s+to)|address\s*:"
+    r"|(?:moved|moving|move)\s+(?:house\s+)?to"
+    r"|(?:place|house|flat|home|apartment)\s+is\s+(?:on|at)?"
+)
+_SENDING_CUE = (
+    r"(?:send|sent|deliver|delivered|post|posted|ship|shipped|mail|mailed|forward|redirect)"
+    r"\s+(?:it\s+|them\s+|this\s+|my\s+(?:new\s+)?card\s+|the\s+(?:new\s+)?card\s+)?to"
+)
+_NUMBER_WORDS = (
+    "one two three four five six seven eight nine ten eleven twelve thirteen fourteen "
+    "fifteen sixteen seventeen eighteen nineteen twenty"
+).replace(" ", "|")
+# A house number: "12", "12a", "23-25", "1/23", "no. 7", "twelve"; maybe a comma after.
+_CUE_HOUSE = (
+    rf"(?:no\.?\s*)?(?:[0-9]{{1,5}}[a-z]?(?:\s?[-/]\s?[0-9]{{1,5}}[a-z]?)?|(?:{_NUMBER_WORDS}))"
+    r",?\s+"
+)
+# Street words: not a function word, a number or a pause
+# ("at 9 en route": a time, and French "en" no street's word).
+_CUE_WORD = (
+    r"(?!(?:the|a|an|my|our|your|this|that|and|or|to|of|in|on|at|for|from|with|by|it|en)\b)"
+    r"[^\W\d_][\w'’-]*"
+)
+# The street types that name a street without a number after a residence cue ("i live on
+# maple street"): the common ones, not "park", "station", "way", "centre", "view" ...
+_PLAIN_TYPES = (
+    "street|st|road|rd|avenue|ave|lane|ln|drive|dr|close|crescent|grove|terrace|boulevard"
+    "|blvd|court|ct|gardens|mews"
+)
+_CUED_ADDRESS_RE = re.compile(
+    rf"(?i:(?<![\w'’])(?:{_RESIDENCE_CUE}|{_SENDING_CUE})\s+"
+    rf"(?:the\s+)?"  # "the address is ..." never reaches here; "moved to the ..." may
+    rf"("
+    rf"{_CUE_HOUSE}(?:the\s+{_CUE_WORD}(?:\s+{_CUE_WORD})?(?=\s*(?:[,.!?;)]|$|\n))"  # "5 the paddock"
+    rf"|(?:{_CUE_WORD}\s+){{0,3}}{_SUFFIX_EN}\b\.?)"  # "19 station approach"
+    rf"))"
+)
+_RESIDENCE_STREET_RE = re.compile(
+    rf"(?i:(?<![\w'’])(?:{_RESIDENCE_CUE})\s+"
+    rf"((?:{_CUE_WORD}\s+){{1,3}}(?:{_PLAIN_TYPES})\b\.?)(?![\w'’-]))"
+)
+# The cue words' stems, for a quick test on the lower case before the patterns.
+_CUE_HINT_RE = re.compile(
+    r"liv|stay|resid|address|mov|place|house|flat|home|apartment|send|sent|deliver|post|ship"
+    r"|mail|forward|redirect|i['’]?m|we['’]?re|i am|we are"
+)
+
+
+def cued_address_spans(text: str, low: str) -> list[tuple[int, int]]:
+    """Addresses a phrase announces, which the patterns above leave out: a house number
+    and a street whose words are all street types ("19 station approach"), a named close
+    ("5 the paddock"), a number range, word or "no." ("23-25 high street", "twelve oak
+    road", "no. 7 mill lane"), a comma after the number ("12, green street"); and, after
+    where someone lives, a street without a number ("i live on maple street"; common
+    street types only). ``low``: ``text``'s lower case, of the same length or longer."""
+    if not _CUE_HINT_RE.search(low):
+        return []
+    out = [m.span(1) for m in _CUED_ADDRESS_RE.finditer(text)]
+    out += [m.span(1) for m in _RESIDENCE_STREET_RE.finditer(text)]
+    return out

@@ -32,7 +32,10 @@ How, per type:
   Census name lists (the ``names`` package). In text with case the cued names also stand
   alone. A name runs across a middle initial ("Julio A McDonald") but not across a line
   break; a country's name is no person unless it is also a given name ("Jordan");
-  casual phrasings and lists of names are ``pii.phrases``'.
+  casual phrasings and lists of names are ``pii.phrases``'; a first name rare in English
+  as a verb's subject or first object ("what if jake loses the card", "can wes use my
+  card", "i gave tyler my old card") is ``pii.clauses``', which reads English grammar
+  from a trimmed lexicon (``pii/data/lexicon.tsv.gz``).
 
 Why no NER model: none installs offline from the package registries here (spaCy and
 Hugging Face models download at run time); Presidio's own recognizers for these types
@@ -45,7 +48,8 @@ that is not, so full-width digits are still found.
 This module holds the entry points (``detect``, ``mask``, ``redact``, ``mask_series``),
 ``Detection``, the type tables and the overlap resolution; the spans come from
 ``pii.identifiers`` (with ``pii.phones``, ``pii.checksums``), ``pii.addresses``,
-``pii.names`` and the token models of ``pii.model``; pseudonyms from ``pii.pseudonyms``.
+``pii.names``, ``pii.phrases``, ``pii.clauses`` and the token models of ``pii.model``;
+pseudonyms from ``pii.pseudonyms``.
 """
 
 from __future__ import annotations
@@ -73,11 +77,13 @@ from pii.addresses import (
     _may_hold_address,
     address_parts,
     corner_spans,
+    cued_address_spans,
 )
 from pii.addresses import rule_address_spans as rule_address_spans
 from pii.casing import _case_forms
 from pii.casing import _is_caseless as _is_caseless
 from pii.casing import _lower_is_ignorecase as _lower_is_ignorecase
+from pii.clauses import clause_name_spans
 from pii.identifiers import _IBAN_READ_RES as _IBAN_READ_RES
 from pii.identifiers import _IBAN_SHAPE_RE as _IBAN_SHAPE_RE
 from pii.identifiers import _IBAN_START_RE as _IBAN_START_RE
@@ -293,7 +299,8 @@ _BRAND_NUMBER_RE = re.compile(r"-\d")
 # The PERSON sources that read a word's likeness to a name, or a casual phrasing ("paid
 # Samuel Heath and Sons Ltd"), not a cue that says a name follows ("my name is").
 _GUESSED_NAMES = frozenset(
-    ("PERSON~name-model", "PERSON~name-list", "PERSON~name-pair", "PERSON~name-phrase")
+    ("PERSON~name-model", "PERSON~name-list", "PERSON~name-pair", "PERSON~name-phrase",
+     "PERSON~name-clause")
 )
 
 
@@ -341,6 +348,8 @@ def detect(text: str) -> list[Detection]:
         for s, e in rules
         if not caseless or address_like(text[s:e].split())
     ]
+    # Announced by a phrase: "i live on maple street", "send it to 5 the paddock".
+    found += [(s, e, "ADDRESS~address-cue") for s, e in cued_address_spans(text, low)]
     if "corner" in low:  # "the corner of 86 Pavlou Drandaki St. and Luke Throughway"
         found += [(s, e, "ADDRESS~corner") for s, e in corner_spans(text)]
     cued, pairs = (
@@ -359,6 +368,8 @@ def detect(text: str) -> list[Detection]:
         found += [(s, e, "PERSON") for s, e in cued]  # case they mask "signed up"
     # Casual phrasings that introduce a name ("call me will", "text bob", "my husband, will,").
     found += [(s, e, "PERSON~name-phrase") for s, e in phrase_name_spans(text)]
+    # A first name as a verb's subject or object ("what if jake loses the card").
+    found += [(s, e, "PERSON~name-clause") for s, e in clause_name_spans(text)]
     # Without case: a first name and a family name side by side ("virginia adkins").
     if caseless:
         found += [(s, e, "PERSON~name-pair") for s, e in name_pair_spans(text, low)]

@@ -224,9 +224,12 @@ def _international(digits: str, valid: bool) -> bool:
 
 def _two_groups_ok(a: str, b: str) -> bool:
     """Whether a number written as two groups ``a b`` has a phone's lengths: "478 0780",
-    "9962 2821", "26 694711", "0493-6561181", "07700 900461"."""
+    "9962 2821", "26 694711", "0493-6561181", "07700 900461", and an Indian mobile as it
+    is written, "98765 43210" (libphonenumber checks it as any other)."""
     if a[0] == "0":
         return len(a) <= 5 and len(b) >= 4
+    if len(a) == len(b) == 5:
+        return a[0] in "6789"
     return len(a) <= 4 and len(b) in (4, 6, 7, 8)
 
 

@@ -127,6 +127,21 @@ _P1_TRIGGERS = frozenset((
 )) | _OBJECT_PRONOUNS | _I_AM | _RELATION_SET | _OBJECT_SET  # fmt: skip
 
 
+@functools.lru_cache(maxsize=4)
+def message_words(text: str) -> tuple[str, str, re.Pattern[str], list[str]]:
+    """A message's lower case; the text its words are read from (the lower case when
+    lower-casing keeps the offsets, nearly always: "İ" does not); the pattern that reads
+    them; the words, lower-cased (read only: the list is shared). Cached for the last few
+    messages: ``pii.clauses`` reads the same words right after ``phrase_name_spans``."""
+    low = text.lower()
+    src = low if len(low) == len(text) else text
+    token_re = _TOKEN_ASCII_RE if src.isascii() else _TOKEN_RE
+    ws = token_re.findall(src)
+    if src is text:
+        ws = [w.lower() for w in ws]
+    return low, src, token_re, ws
+
+
 @functools.lru_cache(maxsize=65536)
 def _name_like(low: str, max_zipf: float, unknown_ok: bool) -> bool:
     """A first name somewhere (best rank 1000 or better) that is no more common in English
@@ -177,14 +192,7 @@ def _name_kind(ws: list[str], i: int, text: str, at) -> str | None:
 
 def phrase_name_spans(text: str) -> list[tuple[int, int]]:
     """The (start, end) of each name a phrasing above introduces, in order."""
-    low = text.lower()
-    # The words, lower-cased, and (only where a name is tested) their offsets. On the
-    # lower-cased text when lower-casing keeps the offsets (nearly always: "İ" does not).
-    src = low if len(low) == len(text) else text
-    token_re = _TOKEN_ASCII_RE if src.isascii() else _TOKEN_RE
-    ws = token_re.findall(src)
-    if src is text:
-        ws = [w.lower() for w in ws]
+    low, src, token_re, ws = message_words(text)
     if (
         _CUE_WORDS.isdisjoint(ws)
         and "'s " not in low

@@ -189,6 +189,42 @@ PHRASINGS = [
     ("payee", "the payment sent to seller came back", []),
     ("payee", "i need to send money to kenya", []),
     ("payee", "i am sending it to will", []),
+    # The grammar of a clause (pii/clauses.py): a first name as a verb's subject, a
+    # question's subject, a first object, said to the reader, in apposition; not a common
+    # word, a bank, a payment network, a place, a month or an amount in the same place.
+    ("subject", "what if jake loses the card", [("PERSON", "jake")]),
+    ("subject", "i think todd stole my card", [("PERSON", "todd")]),
+    ("subject", "brad keeps using my card", [("PERSON", "brad")]),
+    ("subject", "babysitter paige needs paying", [("PERSON", "paige")]),
+    ("subject", "so wes just sent it back", [("PERSON", "wes")]),
+    ("question", "can wes use my card", [("PERSON", "wes")]),
+    ("first object", "i gave tyler my old card", [("PERSON", "tyler")]),
+    ("said to", "ok ben thanks", [("PERSON", "ben")]),
+    ("apposition", "the plumber, wes, wants cash", [("PERSON", "wes")]),
+    ("subject", "what if max is reached", []),
+    ("subject", "if swift transfers take longer", []),
+    ("subject", "SWIFT transfers can take up to five days", []),
+    ("subject", "so pin is blocked now", []),
+    ("subject", "ive tried 5 times", []),
+    ("subject", "if sydney is closed", []),
+    ("subject", "my etf is down", []),
+    ("question", "can visa refund me", []),
+    ("question", "does chase charge fees", []),
+    # Addresses a phrase announces (pii.addresses.cued_address_spans), and where none is.
+    ("address cue", "send it to 5 the paddock, york", [("ADDRESS", "5 the paddock")]),
+    ("address cue", "post it to 19 station approach", [("ADDRESS", "19 station approach")]),
+    ("address cue", "i live at no. 7 mill lane", [("ADDRESS", "no. 7 mill lane")]),
+    ("address cue", "i'm at 23-25 high street", [("ADDRESS", "23-25 high street")]),
+    ("address cue", "i live at twelve oak road", [("ADDRESS", "twelve oak road")]),
+    ("address cue", "i live on maple street", [("ADDRESS", "maple street")]),
+    ("address cue", "I live on Maple Street", [("ADDRESS", "Maple Street")]),
+    ("address cue", "i'm on my way", []),
+    ("address cue", "i live in the city centre", []),
+    ("address cue", "i'm at central station", []),
+    ("address cue", "send it to 3 different accounts", []),
+    ("address cue", "i live 5 minutes from main street", []),
+    ("phone", "my number is 98765 43210", [("PHONE", "98765 43210")]),
+    ("phone", "order 98765 43210 arrived", []),
 ]
 
 

@@ -1,0 +1,222 @@
+"""Names that the grammar of a casual message puts in a person's place: the subject of a
+verb ("what if jake loses the card", "i think todd stole my card", "brad keeps using my
+card"), the subject of a question ("can paige use my card", "did wes get the money"), the
+first object of a verb of giving ("i gave eve my old card") and a name said to the reader
+("ok ben thanks").
+
+What: ``clause_name_spans(text)`` returns the PERSON spans of these clauses. The
+word must be a first name somewhere (best rank 1000 or better in the shipped name table)
+and rare enough in English (Zipf under 4.7: "jake", "todd", "ben", not "bill", "mark",
+"will", "june") and no common English word ("grace", "pin", "visa": any word the
+lexicon holds in lower case), never a function word, a bank, a place or a month; the
+grammar is read from the same lexicon, ``pii/data/lexicon.tsv.gz`` (``tools/pii_lexicon.py``
+trims it from lemminflect's):
+
+* *subject*: at the message's start, after a pause (",", ".", "!", "?", ";", ":"),
+  after a word that opens a clause ("if", "that", "think", "so", "and", "ok", ...) or
+  after a noun for a person ("babysitter paige needs paying"), and
+  followed (maybe after one adverb: "just", "never", "accidentally") by a finite verb: an
+  auxiliary ("is", "can't", "didn't") or a 3rd person singular or past form ("loses",
+  "stole", "got"; "needs" and "keeps", also nouns, count too);
+* *question*: after an auxiliary that opens a clause ("can", "does", "did", "is", "has")
+  and before a verb that is no noun ("allowed", "get", "seen") or any verb with its object
+  ("use my card");
+* *first object*: after a verb of giving ("gave", "sent", "lent", "bought", "show") and
+  before a determiner ("my", "the", "a", "some", "back");
+* *added*: after "add", "remove", "authorise" and before "to" or "as" ("add megan to my
+  account");
+* *apposition*: between commas after a noun for a person ("the plumber, wes, wants cash");
+* *address*: after "ok", "thanks", "cheers", "lol", ... and before a pause, the message's
+  end or a sign-off ("ok ben thanks"); after a greeting and before "here", "speaking", a
+  comma or the end ("hey, dylan here").
+
+Why rules: the token model learns a name's context from the words around it in its
+training data; a verb it has not seen ("loses", "stole") says nothing to it, while the
+grammar does for any verb of the lexicon. Written from English grammar and the project's
+own probes, not from the evaluation sets (docs/BENCHMARKS.md says how they were scored).
+"""
+
+from __future__ import annotations
+
+import functools
+import gzip
+from pathlib import Path
+
+from pii.addresses import _country_names
+from pii.model import table
+from pii.phrases import _RELATION_SET, message_words
+
+LEXICON = Path(__file__).resolve().parent / "data" / "lexicon.tsv.gz"
+
+# Words after which a clause starts: its subject follows.
+_OPENERS = frozenset("""
+if when whenever because cause cuz cos coz since until unless that though although while
+think thought know knew guess believe suspect sure wonder wondering maybe perhaps so and
+but or ok okay lol yes yeah yep no nope why how where then now also plus apparently cuz
+""".split())
+# Finite auxiliaries and modals: "jake is", "todd can't", "wes didn't".
+_AUX = frozenset("""
+is was has had does did can could will would should may might must isn't wasn't hasn't
+hadn't doesn't didn't can't cannot couldn't won't wouldn't shouldn't isnt wasnt hasnt
+doesnt didnt cant couldnt wont wouldnt shouldnt
+""".split())
+# Auxiliaries that open a question: "can paige use my card", "did wes get it".
+_INVERTING = frozenset("can could does did will would should is was has may might".split())
+# Adverbs between a subject and its verb: "jake just sent", "todd never got".
+_ADVERBS = frozenset("""
+just still never always already also accidentally actually apparently finally really only
+probably definitely mistakenly somehow again even
+""".split())
+# Verbs whose first object is the person given to: "i gave eve my old card".
+_GIVING = frozenset("""
+give gives gave giving send sends sent sending lend lends lent lending show shows showed
+buy buys bought hand handed handing pass passed offer offered promise promised wire wired
+""".split())
+# What starts the second object: "gave eve *my* card", "sent ben *the* money".
+_OBJECT_START = frozenset("my the a an his her our their your some any this that back".split())
+# Words after which a verb's object follows: "use *my* card", "get *the* money".
+_OBJECTS = _OBJECT_START | frozenset("me it us them him money cash".split())
+# Said to the reader: "ok ben thanks", "thanks tom", "lol ok sue".
+_ADDRESS_BEFORE = frozenset("ok okay thanks thx ty cheers bye lol haha cool great perfect".split())
+_ADDRESS_AFTER = frozenset("thanks thank thx ty cheers bye".split())
+# Nouns for a person: before a name as a title ("babysitter paige needs paying"), or in
+# apposition ("the plumber, wes, wants cash").
+_PERSON_NOUNS = _RELATION_SET | frozenset("""
+plumber electrician builder gardener driver accountant lawyer solicitor doctor dentist
+tutor teacher coach mechanic contractor decorator handyman cleaner caretaker housekeeper
+assistant secretary advisor adviser agent client customer tenant lodger student pupil
+""".split())
+# Verbs that put a person on an account: "add paige to my account", "add wes as a user".
+_ADDING = frozenset("add adding added remove removing removed authorise authorize".split())
+_GREETINGS = frozenset("hi hey hello hiya yo".split())
+# Words the name table holds as given names somewhere that are something else in a
+# message: banks, payment networks and brands ("chase refunds", "swift transfers take",
+# "sony charged me"); places, peoples, faiths ("sydney is", "irish banks"); months and
+# days ("jan", "mon"); chat and old words ("kinda", "haha", "thee"); amounts ("max is 500").
+_NOT_PERSONS = frozenset("""
+chase ally wells citi swift sepa bacs chaps sony nike mercedes fifa nato cia isis manga
+etf ira isa
+asia iran sydney francisco hong kong carolina jordan roman santa dallas berlin melbourne
+singapore chelsea rio cleveland brooklyn denver barcelona phoenix maine costa kenya sri
+richmond dublin milan denmark orlando adelaide nebraska stanford vienna venice jamaica
+ghana penn yemen panama alberta brighton nepal libya wellington geneva florence virginia
+georgia madrid hindu muslim islam irish swiss danish afghan mediterranean nazi
+jan feb mar apr jun jul aug sep sept oct nov dec mon tue tues wed thu thur thurs fri sat sun
+kinda haha bro thee unto amid amen que est gal mic med gen del ave les von hon min max
+mac alpha venus destiny rand ria lira yen
+""".split())
+# Function words and other words the table holds as rare given names: never a subject here.
+_STOP = frozenset("""
+i me my you your he him his she her we us our they them their it its this that these those
+there here who what which when where why how all any some each every no not one none
+please pls ok okay yes yeah no lol thanks hi hey hello bye sir madam man guys
+ive im ill id hes shes youre theyre thats whats dont wont cant isnt
+""".split())
+_PAUSES = ",.!?;:"
+_PAUSE_SET = frozenset(_PAUSES)
+# Every clause above needs one of these words (or a pause, or the message's start, before
+# the candidate): a set test on the message's words skips most messages.
+_CLAUSE_WORDS = _AUX | _GIVING | _ADDRESS_BEFORE
+
+
+@functools.cache
+def lexicon() -> dict[str, str]:
+    """A lower-case English word form -> its tags: Z (VBZ), D (VBD), N (VBN), G (VBG), B
+    (VB) for a verb's forms; n, a, r, x for a noun, adjective, adverb, auxiliary."""
+    out = {}
+    with gzip.open(LEXICON, "rt", encoding="utf-8") as f:
+        for line in f:
+            if line.startswith("#") or line.startswith("form\t"):
+                continue
+            form, tags = line.rstrip("\n").split("\t")
+            out[form] = tags
+    return out
+
+
+def _candidate(low: str) -> bool:
+    """A first name somewhere (rank 1000 or better), under Zipf 4.7 in English and no
+    common English word (not in the lexicon: "jake", not "grace", "pin" or "visa"), no
+    function word or bank."""
+    if len(low) < 3 or low in _STOP or low in _NOT_PERSONS or low in lexicon() or "-" in low:
+        return False
+    if low in _country_names():
+        return False
+    hit = table().get(low)
+    return hit is not None and 0 < hit[0] <= 1000 and hit[2] < 4.7
+
+
+def _finite(w: str) -> bool:
+    if w in _AUX:
+        return True
+    tags = lexicon().get(w, "")
+    return "Z" in tags or "D" in tags
+
+
+def _verb(w: str, nxt: str) -> bool:
+    """A verb after a question's subject: one that is no noun ("allowed", "seen"), or any
+    verb before its object ("use my card")."""
+    tags = lexicon().get(w)
+    if not tags or w in _AUX:
+        return False
+    return "n" not in tags or nxt in _OBJECTS
+
+
+@functools.cache
+def _candidates() -> frozenset[str]:
+    """The words ``_candidate`` passes, for a set test on a message's words."""
+    return frozenset(w for w in table() if _candidate(w))
+
+
+def clause_name_spans(text: str) -> list[tuple[int, int]]:
+    """The (start, end) of each name the clauses above put in a person's place."""
+    _, src, token_re, ws = message_words(text)  # as phrase_name_spans read them
+    cands = _candidates()
+    if cands.isdisjoint(ws):
+        return []  # most messages: no first name rare in English
+    offs = [m.span() for m in token_re.finditer(src)]
+    n = len(ws)
+    out = []
+    for i, w in enumerate(ws):
+        if w not in cands:
+            continue
+        s, e = offs[i]
+        if e - s > 1 and text[s:e].isupper() and not text.isupper():
+            continue  # an acronym in text with case ("SWIFT")
+        before = text[offs[i - 1][1] : s] if i else ""
+        p1 = ws[i - 1] if i else ""
+        nxt = ws[i + 1] if i + 1 < n else ""
+        after = text[e : offs[i + 1][0]] if i + 1 < n else text[e:]
+        verb, obj = nxt, ws[i + 2] if i + 2 < n else ""
+        if after.strip():  # a pause or a sign right after: no verb follows
+            verb = obj = ""
+        elif nxt in _ADVERBS and i + 2 < n and not text[offs[i + 1][1] : offs[i + 2][0]].strip():
+            verb, obj = ws[i + 2], ""  # "jake just sent"
+        joined = not before.strip()  # no pause between the word before and this one
+        opens = (
+            not i or any(c in before for c in _PAUSES)
+            or (joined and (p1 in _OPENERS or p1 in _PERSON_NOUNS))
+        )  # fmt: skip
+        asks = (
+            p1 in _INVERTING and joined
+            and (i == 1 or ws[i - 2] in _OPENERS
+                 or any(c in text[offs[i - 2][1] : offs[i - 1][0]] for c in _PAUSES))
+        )  # fmt: skip
+        if (
+            (opens and verb and _finite(verb))  # "what if jake loses the card"
+            or (asks and verb and _verb(verb, obj))  # "can paige use my card"
+            or (p1 in _GIVING and joined and not after.strip() and nxt in _OBJECT_START)
+            or (p1 in _ADDING and joined and not after.strip() and nxt in ("to", "as"))
+            or (  # "the plumber, wes, wants cash"
+                p1 in _PERSON_NOUNS and before.strip() == "," and after.strip()[:1] == ","
+            )
+            or (  # "hey, ben here"
+                p1 in _GREETINGS and not before.strip(" ,")
+                and (i + 1 == n or nxt in ("here", "speaking") or after.strip()[:1] == ",")
+            )
+            or (  # "ok ben thanks"
+                p1 in _ADDRESS_BEFORE and joined
+                and (i + 1 == n or after.strip()[:1] in _PAUSE_SET or nxt in _ADDRESS_AFTER)
+            )
+        ):
+            out.append((s, e))
+    return out

@@ -1,0 +1,68 @@
+"""The grammar rules for names (pii/clauses.py): the shipped lexicon they read, which words
+may be a name there, and which clauses put one in a person's place. The per-phrasing table
+of tests/test_pii_eval.py holds whole messages through ``pii.detect``."""
+
+from __future__ import annotations
+
+import pytest
+
+from pii import clauses as C
+from pii import detector as pii
+
+
+def test_the_lexicon_reads_a_words_grammar() -> None:
+    lex = C.lexicon()
+    assert "Z" in lex["loses"] and "D" in lex["stole"] and "D" in lex["got"]
+    assert "B" in lex["use"] and "n" in lex["use"]  # a verb and a noun
+    assert "n" in lex["grace"] and "a" in lex["harsh"] and "x" in lex["can"]
+    assert "jake" not in lex and "todd" not in lex  # names are no English words
+    assert all(form == form.lower() and form.isalpha() for form in lex)
+
+
+@pytest.mark.parametrize("word", ["jake", "todd", "paige", "wes", "kofi", "ben"])
+def test_a_first_name_rare_in_english_is_a_candidate(word: str) -> None:
+    assert C._candidate(word) and word in C._candidates()
+
+
+@pytest.mark.parametrize(
+    "word",
+    [
+        "will", "mark", "june",  # too common in English
+        "grace", "pin", "visa", "harsh",  # English words (in the lexicon)
+        "chase", "swift", "sydney", "kenya", "jan", "max",  # banks, networks, places, ...
+        "ive", "haha", "g-lack",  # chat, a hyphenated fragment
+    ],
+)  # fmt: skip
+def test_a_common_word_bank_place_or_month_is_no_candidate(word: str) -> None:
+    assert not C._candidate(word) and word not in C._candidates()
+
+
+@pytest.mark.parametrize(
+    ("text", "names"),
+    [
+        ("what if jake loses the card", ["jake"]),
+        ("i know that todd never got it", ["todd"]),  # an adverb before the verb
+        ("todd, the card, and a fee", []),  # a pause: no verb follows
+        ("jake", []),  # no clause
+        ("did paige get paid", ["paige"]),
+        ("paige get paid", []),  # a base form is no finite verb
+        ("can paige limit my card", ["paige"]),  # a verb and a noun, before its object
+        ("can paige limit", []),
+        ("i sent wes the money", ["wes"]),
+        ("i sent wes home", []),
+        ("add wes as a user", ["wes"]),
+        ("lol ok wes", ["wes"]),
+        ("ok wes is fine", ["wes"]),  # a subject after "ok"
+        ("hey, wes here", ["wes"]),
+        ("the cleaner, wes, is late", ["wes"]),
+        ("I think Jake stole it", ["Jake"]),  # with case too
+    ],
+)
+def test_clauses(text: str, names: list[str]) -> None:
+    assert [text[s:e] for s, e in C.clause_name_spans(text)] == names
+
+
+def test_each_clause_detection_names_its_source() -> None:
+    assert [(d.value, d.source) for d in pii.detect("i think todd stole my card")] == [
+        ("todd", "name-clause")
+    ]
