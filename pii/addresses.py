@@ -386,34 +386,55 @@ _PLAIN_TYPES = (
     "street|st|road|rd|avenue|ave|lane|ln|drive|dr|close|crescent|grove|terrace|boulevard"
     "|blvd|court|ct|gardens|mews"
 )
-_CUED_ADDRESS_RE = re.compile(
-    rf"(?i:(?<![\w'’])(?:{_RESIDENCE_CUE}|{_SENDING_CUE})\s+"
-    rf"(?:the\s+)?"  # "the address is ..." never reaches here; "moved to the ..." may
-    rf"("
-    rf"{_CUE_HOUSE}(?:the\s+{_CUE_WORD}(?:\s+{_CUE_WORD})?(?=\s*(?:[,.!?;)]|$|\n))"  # "5 the paddock"
-    rf"|(?:{_CUE_WORD}\s+){{0,3}}{_SUFFIX_EN}\b\.?)"  # "19 station approach"
-    rf"))"
+# Read in the lower case (a case-sensitive pattern runs several times faster than an
+# IGNORECASE one), or, where lower-casing moves offsets ("İ"), in the text, ignoring case.
+_CUE_SRC = rf"(?<![\w'’])(?:({_RESIDENCE_CUE})|{_SENDING_CUE})\s+(?:the\s+)?"
+# A house number and a street ending in a street type ("19 station approach") or a named
+# close ("5 the paddock"), before a pause or the end.
+_CUED_BODY_SRC = (
+    rf"{_CUE_HOUSE}(?:the\s+{_CUE_WORD}(?:\s+{_CUE_WORD})?(?=\s*(?:[,.!?;)]|$|\n))"
+    rf"|(?:{_CUE_WORD}\s+){{0,3}}{_SUFFIX_EN}\b\.?)"
 )
-_RESIDENCE_STREET_RE = re.compile(
-    rf"(?i:(?<![\w'’])(?:{_RESIDENCE_CUE})\s+"
-    rf"((?:{_CUE_WORD}\s+){{1,3}}(?:{_PLAIN_TYPES})\b\.?)(?![\w'’-]))"
-)
-# The cue words' stems, for a quick test on the lower case before the patterns.
-_CUE_HINT_RE = re.compile(
-    r"liv|stay|resid|address|mov|place|house|flat|home|apartment|send|sent|deliver|post|ship"
-    r"|mail|forward|redirect|i['’]?m|we['’]?re|i am|we are"
-)
+# After where someone lives, a street without a number: "i live on maple street".
+_STREET_BODY_SRC = rf"(?:{_CUE_WORD}\s+){{1,3}}(?:{_PLAIN_TYPES})\b\.?(?![\w'’-])"
+_CUE_RES = {
+    flags: (re.compile(_CUE_SRC, flags), re.compile(_CUED_BODY_SRC, flags),
+            re.compile(_STREET_BODY_SRC, flags))
+    for flags in (0, re.IGNORECASE)
+}  # fmt: skip
+# The words of the cues above, and what a match needs besides: a number (a digit or a
+# number word) or a common street type.
+_CUE_WORDS = frozenset("""
+live lives living stay stays staying reside resides address moved moving move place house
+flat home apartment send sent deliver delivered post posted ship shipped mail mailed forward
+redirect
+""".split()) | frozenset(("m", "re", "am", "are"))  # fmt: skip
+_NUMBER_OR_TYPE = frozenset(_NUMBER_WORDS.split("|")) | frozenset(_PLAIN_TYPES.split("|"))
+_DIGIT_RE = re.compile(r"[0-9]")
 
 
-def cued_address_spans(text: str, low: str) -> list[tuple[int, int]]:
+def cued_address_spans(text: str, low: str, has_digit: bool | None = None) -> list[tuple[int, int]]:
     """Addresses a phrase announces, which the patterns above leave out: a house number
     and a street whose words are all street types ("19 station approach"), a named close
     ("5 the paddock"), a number range, word or "no." ("23-25 high street", "twelve oak
     road", "no. 7 mill lane"), a comma after the number ("12, green street"); and, after
     where someone lives, a street without a number ("i live on maple street"; common
-    street types only). ``low``: ``text``'s lower case, of the same length or longer."""
-    if not _CUE_HINT_RE.search(low):
+    street types only). ``low``: ``text``'s lower case; ``has_digit``: whether ``text``
+    holds an ASCII digit, when the caller knows."""
+    words = _words(text, low)
+    if _CUE_WORDS.isdisjoint(words):
+        return []  # most messages
+    if has_digit is None:
+        has_digit = _DIGIT_RE.search(text) is not None
+    if not has_digit and _NUMBER_OR_TYPE.isdisjoint(words):
         return []
-    out = [m.span(1) for m in _CUED_ADDRESS_RE.finditer(text)]
-    out += [m.span(1) for m in _RESIDENCE_STREET_RE.finditer(text)]
+    src, flags = (low, 0) if len(low) == len(text) else (text, re.IGNORECASE)
+    cue_re, body_re, street_re = _CUE_RES[flags]
+    out = []
+    for m in cue_re.finditer(src):
+        b = body_re.match(src, m.end())
+        if b is None and m.group(1):  # where someone lives: maybe a street alone
+            b = street_re.match(src, m.end())
+        if b is not None:
+            out.append(b.span())
     return out

@@ -349,7 +349,10 @@ def detect(text: str) -> list[Detection]:
         if not caseless or address_like(text[s:e].split())
     ]
     # Announced by a phrase: "i live on maple street", "send it to 5 the paddock".
-    found += [(s, e, "ADDRESS~address-cue") for s, e in cued_address_spans(text, low)]
+    found += [
+        (s, e, "ADDRESS~address-cue")
+        for s, e in cued_address_spans(text, low, digits is not None)
+    ]
     if "corner" in low:  # "the corner of 86 Pavlou Drandaki St. and Luke Throughway"
         found += [(s, e, "ADDRESS~corner") for s, e in corner_spans(text)]
     cued, pairs = (
