@@ -13,7 +13,7 @@ from __future__ import annotations
 import functools
 import re
 
-from pii.casing import _by_first_char, _case_forms, _lower_is_ignorecase
+from pii.casing import _by_first_char, _case_forms, _lower_is_ignorecase, message_words
 from pii.names import _STOP_LOWER
 
 # --------------------------------------------------------------------------- addresses
@@ -407,8 +407,8 @@ _CUE_RES = {
 _CUE_WORDS = frozenset("""
 live lives living stay stays staying reside resides address moved moving move place house
 flat home apartment send sent deliver delivered post posted ship shipped mail mailed forward
-redirect
-""".split()) | frozenset(("m", "re", "am", "are"))  # fmt: skip
+redirect i'm i’m im we're we’re am are
+""".split())  # fmt: skip
 _NUMBER_OR_TYPE = frozenset(_NUMBER_WORDS.split("|")) | frozenset(_PLAIN_TYPES.split("|"))
 _DIGIT_RE = re.compile(r"[0-9]")
 
@@ -421,7 +421,7 @@ def cued_address_spans(text: str, low: str, has_digit: bool | None = None) -> li
     where someone lives, a street without a number ("i live on maple street"; common
     street types only). ``low``: ``text``'s lower case; ``has_digit``: whether ``text``
     holds an ASCII digit, when the caller knows."""
-    words = _words(text, low)
+    words = message_words(text)[3]  # the words pii.phrases read (cached)
     if _CUE_WORDS.isdisjoint(words):
         return []  # most messages
     if has_digit is None:

@@ -1,13 +1,38 @@
 """Case helpers shared by the rule modules: whether a text has case, the forms of it the
-patterns read, and a builder for case-insensitive alternations that Python's ``re`` tries
-quickly (``pii.names``, ``pii.addresses``)."""
+patterns read, a message's words as the phrase rules read them (``message_words``), and a
+builder for case-insensitive alternations that Python's ``re`` tries quickly
+(``pii.names``, ``pii.addresses``)."""
 
 from __future__ import annotations
 
+import functools
+import re
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from collections.abc import Iterable
+
+
+# Words (letters, inner apostrophes) and "&" as a word (not "&amp;"), with their offsets.
+_TOKEN_RE = re.compile(r"[^\W\d_]+(?:['’-][^\W\d_]+)*|&(?!\w)")
+# The same on ASCII text, where it matches alike and runs faster (no Unicode classes).
+_TOKEN_ASCII_RE = re.compile(r"[A-Za-z]+(?:['-][A-Za-z]+)*|&(?!\w)")
+
+
+@functools.lru_cache(maxsize=4)
+def message_words(text: str) -> tuple[str, str, re.Pattern[str], list[str]]:
+    """A message's lower case; the text its words are read from (the lower case when
+    lower-casing keeps the offsets, nearly always: "İ" does not); the pattern that reads
+    them; the words, lower-cased (read only: the list is shared). Cached for the last few
+    messages: ``pii.addresses``' cues, ``pii.phrases`` and ``pii.clauses`` read the words
+    of one message in turn."""
+    low = text.lower()
+    src = low if len(low) == len(text) else text
+    token_re = _TOKEN_ASCII_RE if src.isascii() else _TOKEN_RE
+    ws = token_re.findall(src)
+    if src is text:
+        ws = [w.lower() for w in ws]
+    return low, src, token_re, ws
 
 
 def _lower_is_ignorecase(text: str) -> bool:

@@ -43,8 +43,9 @@ import gzip
 from pathlib import Path
 
 from pii.addresses import _country_names
+from pii.casing import message_words
 from pii.model import table
-from pii.phrases import _RELATION_SET, message_words
+from pii.phrases import _RELATION_SET
 
 LEXICON = Path(__file__).resolve().parent / "data" / "lexicon.tsv.gz"
 

@@ -349,10 +349,8 @@ def detect(text: str) -> list[Detection]:
         if not caseless or address_like(text[s:e].split())
     ]
     # Announced by a phrase: "i live on maple street", "send it to 5 the paddock".
-    found += [
-        (s, e, "ADDRESS~address-cue")
-        for s, e in cued_address_spans(text, low, digits is not None)
-    ]
+    if cued := cued_address_spans(text, low, digits is not None):
+        found += [(s, e, "ADDRESS~address-cue") for s, e in cued]
     if "corner" in low:  # "the corner of 86 Pavlou Drandaki St. and Luke Throughway"
         found += [(s, e, "ADDRESS~corner") for s, e in corner_spans(text)]
     cued, pairs = (
@@ -372,7 +370,8 @@ def detect(text: str) -> list[Detection]:
     # Casual phrasings that introduce a name ("call me will", "text bob", "my husband, will,").
     found += [(s, e, "PERSON~name-phrase") for s, e in phrase_name_spans(text)]
     # A first name as a verb's subject or object ("what if jake loses the card").
-    found += [(s, e, "PERSON~name-clause") for s, e in clause_name_spans(text)]
+    if clauses := clause_name_spans(text):
+        found += [(s, e, "PERSON~name-clause") for s, e in clauses]
     # Without case: a first name and a family name side by side ("virginia adkins").
     if caseless:
         found += [(s, e, "PERSON~name-pair") for s, e in name_pair_spans(text, low)]

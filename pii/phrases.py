@@ -39,7 +39,7 @@ import functools
 import re
 
 from pii.addresses import _country_names
-from pii.casing import _is_caseless
+from pii.casing import _is_caseless, message_words
 from pii.model import _NEVER_NAMES, table
 from pii.names import _STOP_LOWER
 
@@ -114,10 +114,6 @@ _CUE_WORDS = (
     | _AND
     | {"with"}
 )
-# Words (letters, inner apostrophes) and "&" as a word (not "&amp;"), with their offsets.
-_TOKEN_RE = re.compile(r"[^\W\d_]+(?:['’-][^\W\d_]+)*|&(?!\w)")
-# The same on ASCII text, where it matches alike and runs faster (no Unicode classes).
-_TOKEN_ASCII_RE = re.compile(r"[A-Za-z]+(?:['-][A-Za-z]+)*|&(?!\w)")
 _PAUSE = frozenset(",.!?;:)")
 _POSS = ("'s", "’s")
 # The last word of every phrasing above: the word after one of these is a name candidate.
@@ -125,21 +121,6 @@ _P1_TRIGGERS = frozenset((
     "me", "named", "nicknamed", "as", "by", "am", "is", "with", "was", "surname", "name",
     "name's", "name’s",
 )) | _OBJECT_PRONOUNS | _I_AM | _RELATION_SET | _OBJECT_SET  # fmt: skip
-
-
-@functools.lru_cache(maxsize=4)
-def message_words(text: str) -> tuple[str, str, re.Pattern[str], list[str]]:
-    """A message's lower case; the text its words are read from (the lower case when
-    lower-casing keeps the offsets, nearly always: "İ" does not); the pattern that reads
-    them; the words, lower-cased (read only: the list is shared). Cached for the last few
-    messages: ``pii.clauses`` reads the same words right after ``phrase_name_spans``."""
-    low = text.lower()
-    src = low if len(low) == len(text) else text
-    token_re = _TOKEN_ASCII_RE if src.isascii() else _TOKEN_RE
-    ws = token_re.findall(src)
-    if src is text:
-        ws = [w.lower() for w in ws]
-    return low, src, token_re, ws
 
 
 @functools.lru_cache(maxsize=65536)
