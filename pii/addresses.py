@@ -13,7 +13,7 @@ from __future__ import annotations
 import functools
 import re
 
-from pii.casing import _by_first_char, _case_forms, _lower_is_ignorecase, message_words
+from pii.casing import Words, _by_first_char, _case_forms, _lower_is_ignorecase, message_words
 from pii.names import _STOP_LOWER
 
 # --------------------------------------------------------------------------- addresses
@@ -413,15 +413,17 @@ _NUMBER_OR_TYPE = frozenset(_NUMBER_WORDS.split("|")) | frozenset(_PLAIN_TYPES.s
 _DIGIT_RE = re.compile(r"[0-9]")
 
 
-def cued_address_spans(text: str, low: str, has_digit: bool | None = None) -> list[tuple[int, int]]:
+def cued_address_spans(
+    text: str, low: str, has_digit: bool | None = None, words: Words | None = None
+) -> list[tuple[int, int]]:
     """Addresses a phrase announces, which the patterns above leave out: a house number
     and a street whose words are all street types ("19 station approach"), a named close
     ("5 the paddock"), a number range, word or "no." ("23-25 high street", "twelve oak
     road", "no. 7 mill lane"), a comma after the number ("12, green street"); and, after
     where someone lives, a street without a number ("i live on maple street"; common
     street types only). ``low``: ``text``'s lower case; ``has_digit``: whether ``text``
-    holds an ASCII digit, when the caller knows."""
-    words = message_words(text)[3]  # the words pii.phrases read (cached)
+    holds an ASCII digit, and ``words`` its ``message_words``, when the caller knows."""
+    words = (words or message_words(text))[3]
     if _CUE_WORDS.isdisjoint(words):
         return []  # most messages
     if has_digit is None:

@@ -5,7 +5,6 @@ builder for case-insensitive alternations that Python's ``re`` tries quickly
 
 from __future__ import annotations
 
-import functools
 import re
 from typing import TYPE_CHECKING
 
@@ -19,13 +18,14 @@ _TOKEN_RE = re.compile(r"[^\W\d_]+(?:['’-][^\W\d_]+)*|&(?!\w)")
 _TOKEN_ASCII_RE = re.compile(r"[A-Za-z]+(?:['-][A-Za-z]+)*|&(?!\w)")
 
 
-@functools.lru_cache(maxsize=4)
-def message_words(text: str) -> tuple[str, str, re.Pattern[str], list[str]]:
+Words = tuple[str, str, "re.Pattern[str]", list[str]]
+
+
+def message_words(text: str) -> Words:
     """A message's lower case; the text its words are read from (the lower case when
     lower-casing keeps the offsets, nearly always: "İ" does not); the pattern that reads
-    them; the words, lower-cased (read only: the list is shared). Cached for the last few
-    messages: ``pii.addresses``' cues, ``pii.phrases`` and ``pii.clauses`` read the words
-    of one message in turn."""
+    them; the words, lower-cased. ``pii.detect`` reads them once per message and hands them
+    to ``pii.addresses``' cues, ``pii.phrases`` and ``pii.clauses``."""
     low = text.lower()
     src = low if len(low) == len(text) else text
     token_re = _TOKEN_ASCII_RE if src.isascii() else _TOKEN_RE

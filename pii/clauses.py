@@ -43,7 +43,7 @@ import gzip
 from pathlib import Path
 
 from pii.addresses import _country_names
-from pii.casing import message_words
+from pii.casing import Words, message_words
 from pii.model import table
 from pii.phrases import _RELATION_SET
 
@@ -168,9 +168,10 @@ def _candidates() -> frozenset[str]:
     return frozenset(w for w in table() if _candidate(w))
 
 
-def clause_name_spans(text: str) -> list[tuple[int, int]]:
-    """The (start, end) of each name the clauses above put in a person's place."""
-    _, src, token_re, ws = message_words(text)  # as phrase_name_spans read them
+def clause_name_spans(text: str, words: Words | None = None) -> list[tuple[int, int]]:
+    """The (start, end) of each name the clauses above put in a person's place. ``words``:
+    ``text``'s ``message_words``, when the caller has them."""
+    _, src, token_re, ws = words or message_words(text)
     cands = _candidates()
     if cands.isdisjoint(ws):
         return []  # most messages: no first name rare in English

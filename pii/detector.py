@@ -80,7 +80,7 @@ from pii.addresses import (
     cued_address_spans,
 )
 from pii.addresses import rule_address_spans as rule_address_spans
-from pii.casing import _case_forms
+from pii.casing import _case_forms, message_words
 from pii.casing import _is_caseless as _is_caseless
 from pii.casing import _lower_is_ignorecase as _lower_is_ignorecase
 from pii.clauses import clause_name_spans
@@ -349,7 +349,8 @@ def detect(text: str) -> list[Detection]:
         if not caseless or address_like(text[s:e].split())
     ]
     # Announced by a phrase: "i live on maple street", "send it to 5 the paddock".
-    if cued := cued_address_spans(text, low, digits is not None):
+    words = message_words(text)  # the words the phrase, grammar and cue rules read
+    if cued := cued_address_spans(text, low, digits is not None, words):
         found += [(s, e, "ADDRESS~address-cue") for s, e in cued]
     if "corner" in low:  # "the corner of 86 Pavlou Drandaki St. and Luke Throughway"
         found += [(s, e, "ADDRESS~corner") for s, e in corner_spans(text)]
@@ -368,9 +369,9 @@ def detect(text: str) -> list[Detection]:
     if not caseless:  # cues and titles in text with case ("Dr. Luke McDonald"); without
         found += [(s, e, "PERSON") for s, e in cued]  # case they mask "signed up"
     # Casual phrasings that introduce a name ("call me will", "text bob", "my husband, will,").
-    found += [(s, e, "PERSON~name-phrase") for s, e in phrase_name_spans(text)]
+    found += [(s, e, "PERSON~name-phrase") for s, e in phrase_name_spans(text, words)]
     # A first name as a verb's subject or object ("what if jake loses the card").
-    if clauses := clause_name_spans(text):
+    if clauses := clause_name_spans(text, words):
         found += [(s, e, "PERSON~name-clause") for s, e in clauses]
     # Without case: a first name and a family name side by side ("virginia adkins").
     if caseless:

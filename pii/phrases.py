@@ -39,7 +39,7 @@ import functools
 import re
 
 from pii.addresses import _country_names
-from pii.casing import _is_caseless, message_words
+from pii.casing import Words, _is_caseless, message_words
 from pii.model import _NEVER_NAMES, table
 from pii.names import _STOP_LOWER
 
@@ -171,9 +171,10 @@ def _name_kind(ws: list[str], i: int, text: str, at) -> str | None:
     return None
 
 
-def phrase_name_spans(text: str) -> list[tuple[int, int]]:
-    """The (start, end) of each name a phrasing above introduces, in order."""
-    low, src, token_re, ws = message_words(text)
+def phrase_name_spans(text: str, words: Words | None = None) -> list[tuple[int, int]]:
+    """The (start, end) of each name a phrasing above introduces, in order. ``words``:
+    ``text``'s ``message_words``, when the caller has them."""
+    low, src, token_re, ws = words or message_words(text)
     if (
         _CUE_WORDS.isdisjoint(ws)
         and "'s " not in low
