@@ -43,7 +43,7 @@ import gzip
 from pathlib import Path
 
 from pii.addresses import _country_names
-from pii.casing import Words, message_words
+from pii.casing import Words, _is_caseless, message_words
 from pii.model import table
 from pii.phrases import _RELATION_SET
 
@@ -164,8 +164,60 @@ def _verb(w: str, nxt: str) -> bool:
 
 @functools.cache
 def _candidates() -> frozenset[str]:
-    """The words ``_candidate`` passes, for a set test on a message's words."""
-    return frozenset(w for w in table() if _candidate(w))
+    """The words ``_candidate`` passes, and the given names that are common English words
+    (``_WORD_NAMES``), for a set test on a message's words."""
+    return frozenset(w for w in table() if _candidate(w)) | _WORD_NAMES
+
+
+# Given names in English that are common words too ("will", "mark", "hope"): a name only
+# where the word's other readings cannot stand: the subject of a verb only people do ("will
+# said", "mark told me"), the object of one before what is told ("tell mark the money is
+# there", "ask will about it"), and after thanks and a comma at the end ("thanks, will").
+_WORD_NAMES = frozenset("""
+will mark bill hope june april grace rose jack joy faith summer dawn ray frank guy art pat
+sue rob nick hunter autumn ivy lily daisy holly iris violet ruby amber pearl crystal drew
+penny sunny rich gene jean miles lance wade chip chuck dean earl carol christian harry
+florence jade hazel heather robin sandy sky glen cliff bob
+""".split())
+# Verbs only people (and pets) do, in a finite form: "will said", "hope told me".
+_PERSON_VERBS = frozenset("""
+said says told tells asked asks wants wanted thinks thought knows knew stole steals
+borrowed borrows lent lends owes owed promised promises texted texts called calls emailed
+emails messaged helped helps forgot forgets lives lived works worked loves loved hates
+hated agreed agrees refused refuses claims claimed insists insisted mentioned mentions
+suggested suggests reckons reckoned
+""".split())
+# Verbs whose object is the person told: "tell mark the money is there", "ask will about".
+_TELLING = frozenset("""
+tell told telling ask asked asking text texted remind reminded thank thanked email emailed
+message messaged
+""".split())
+# What follows the person told: what is told or asked, or when.
+_TOLD_NEXT = frozenset("""
+the a an my your his her our about to that if when what how why i we it you for back again
+tomorrow later now
+""".split())
+_THANKS = frozenset("thanks thank thx ty cheers regards bye love".split())
+_DETERMINERS = frozenset("the a an this that my your his her our their its".split())
+
+
+def _word_name(text: str, ws: list[str], offs: list[tuple[int, int]], i: int) -> bool:
+    """Whether word ``i``, a given name that is also a common word ("will", "mark"),
+    stands where only a person can (see ``_WORD_NAMES``)."""
+    n = len(ws)
+    s, e = offs[i]
+    if not _is_caseless(text) and not text[s].isupper():
+        return False  # in text with case, "will" is the word and "Will" the name
+    before = text[offs[i - 1][1] : s] if i else ""
+    after = text[e : offs[i + 1][0]] if i + 1 < n else text[e:]
+    p1 = ws[i - 1] if i else ""
+    nxt = ws[i + 1] if i + 1 < n else ""
+    joined = not before.strip()
+    if not after.strip() and nxt in _PERSON_VERBS:  # "will said", "so mark told me"
+        return not i or any(c in before for c in _PAUSES) or (joined and p1 in _OPENERS)
+    if p1 in _TELLING and joined and not after.strip():  # "tell mark the money is there"
+        return nxt in _TOLD_NEXT and (i < 2 or ws[i - 2] not in _DETERMINERS)
+    return i + 1 == n and p1 in _THANKS and before.strip() == ","  # "thanks, will"
 
 
 def clause_name_spans(text: str, words: Words | None = None) -> list[tuple[int, int]]:
@@ -182,6 +234,10 @@ def clause_name_spans(text: str, words: Words | None = None) -> list[tuple[int, 
         if w not in cands:
             continue
         s, e = offs[i]
+        if w in _WORD_NAMES:
+            if _word_name(text, ws, offs, i):
+                out.append((s, e))
+            continue
         if e - s > 1 and text[s:e].isupper() and not text.isupper():
             continue  # an acronym in text with case ("SWIFT")
         before = text[offs[i - 1][1] : s] if i else ""

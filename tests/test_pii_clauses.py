@@ -34,7 +34,10 @@ def test_a_first_name_rare_in_english_is_a_candidate(word: str) -> None:
     ],
 )  # fmt: skip
 def test_a_common_word_bank_place_or_month_is_no_candidate(word: str) -> None:
-    assert not C._candidate(word) and word not in C._candidates()
+    """Not for the rules of rare names; the given names among them ("will", "grace") only
+    for the stricter rules of ``_word_name``."""
+    assert not C._candidate(word)
+    assert (word in C._candidates()) == (word in C._WORD_NAMES)
 
 
 @pytest.mark.parametrize(
@@ -59,6 +62,26 @@ def test_a_common_word_bank_place_or_month_is_no_candidate(word: str) -> None:
     ],
 )
 def test_clauses(text: str, names: list[str]) -> None:
+    assert [text[s:e] for s, e in C.clause_name_spans(text)] == names
+
+
+@pytest.mark.parametrize(
+    ("text", "names"),
+    [
+        ("so mark told me", ["mark"]),
+        ("the mark told me", []),  # a determiner: the word
+        ("will says hi", ["will"]),
+        ("will pay later", []),  # a modal before its verb
+        ("Will said hi", ["Will"]),
+        ("I will said nothing", []),  # with case, "will" is the word
+        ("ask will about it", ["will"]),
+        ("ask will", []),  # nothing told after it
+        ("remind the bill to", []),
+        ("thanks, grace", ["grace"]),
+        ("thanks grace period", []),
+    ],
+)
+def test_given_names_that_are_common_words(text: str, names: list[str]) -> None:
     assert [text[s:e] for s, e in C.clause_name_spans(text)] == names
 
 

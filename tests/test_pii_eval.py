@@ -210,6 +210,15 @@ PHRASINGS = [
     ("subject", "my etf is down", []),
     ("question", "can visa refund me", []),
     ("question", "does chase charge fees", []),
+    # Given names that are common words, where only a person can stand.
+    ("word name", "will said the card was declined", [("PERSON", "will")]),
+    ("word name", "tell mark the money is there", [("PERSON", "mark")]),
+    ("word name", "ask hope about the refund", [("PERSON", "hope")]),
+    ("word name", "thanks, june", [("PERSON", "june")]),
+    ("word name", "thanks, will do", []),
+    ("word name", "the bill said 40 pounds", []),
+    ("word name", "your text will be sent", []),
+    ("word name", "i will tell you the code", []),
     # Addresses a phrase announces (pii.addresses.cued_address_spans), and where none is.
     ("address cue", "send it to 5 the paddock, york", [("ADDRESS", "5 the paddock")]),
     ("address cue", "post it to 19 station approach", [("ADDRESS", "19 station approach")]),
