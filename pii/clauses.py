@@ -115,9 +115,6 @@ ive im ill id hes shes youre theyre thats whats dont wont cant isnt
 """.split())
 _PAUSES = ",.!?;:"
 _PAUSE_SET = frozenset(_PAUSES)
-# Every clause above needs one of these words (or a pause, or the message's start, before
-# the candidate): a set test on the message's words skips most messages.
-_CLAUSE_WORDS = _AUX | _GIVING | _ADDRESS_BEFORE
 
 
 @functools.cache
@@ -165,8 +162,14 @@ def _verb(w: str, nxt: str) -> bool:
 @functools.cache
 def _candidates() -> frozenset[str]:
     """The words ``_candidate`` passes, and the given names that are common English words
-    (``_WORD_NAMES``), for a set test on a message's words."""
-    return frozenset(w for w in table() if _candidate(w)) | _WORD_NAMES
+    (``_WORD_NAMES``), for a set test on a message's words. (``_candidate``'s tests, inline:
+    this runs over the whole name table once per process.)"""
+    lex, countries = lexicon(), _country_names()
+    return _WORD_NAMES | frozenset(
+        w for w, (first, _, zipf) in table().items()
+        if 0 < first <= 1000 and zipf < 4.7 and len(w) >= 3 and "-" not in w
+        and w not in _STOP and w not in _NOT_PERSONS and w not in lex and w not in countries
+    )  # fmt: skip
 
 
 # Given names in English that are common words too ("will", "mark", "hope"): a name only
@@ -177,7 +180,7 @@ _WORD_NAMES = frozenset("""
 will mark bill hope june april grace rose jack joy faith summer dawn ray frank guy art pat
 sue rob nick hunter autumn ivy lily daisy holly iris violet ruby amber pearl crystal drew
 penny sunny rich gene jean miles lance wade chip chuck dean earl carol christian harry
-florence jade hazel heather robin sandy sky glen cliff bob
+jade hazel heather robin sandy sky glen cliff bob
 """.split())
 # Verbs only people (and pets) do, in a finite form: "will said", "hope told me".
 _PERSON_VERBS = frozenset("""

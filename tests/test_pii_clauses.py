@@ -19,6 +19,14 @@ def test_the_lexicon_reads_a_words_grammar() -> None:
     assert all(form == form.lower() and form.isalpha() for form in lex)
 
 
+def test_the_candidate_set_is_what_candidate_passes() -> None:
+    """``_candidates`` inlines ``_candidate``'s tests (for speed): they must agree."""
+    from pii.model import table
+
+    slow = frozenset(w for w in table() if C._candidate(w)) | C._WORD_NAMES
+    assert C._candidates() == slow
+
+
 @pytest.mark.parametrize("word", ["jake", "todd", "paige", "wes", "kofi", "ben"])
 def test_a_first_name_rare_in_english_is_a_candidate(word: str) -> None:
     assert C._candidate(word) and word in C._candidates()
