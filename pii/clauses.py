@@ -28,7 +28,11 @@ trims it from lemminflect's):
 * *apposition*: between commas after a noun for a person ("the plumber, wes, wants cash");
 * *address*: after "ok", "thanks", "cheers", "lol", ... and before a pause, the message's
   end or a sign-off ("ok ben thanks"); after a greeting and before "here", "speaking", a
-  comma or the end ("hey, dylan here").
+  comma or the end ("hey, dylan here"); right after the greeting that opens a message
+  ("hello jake can you help");
+* *talked to*: after "spoke to", "talked with", "met with" ("spoke to jake yesterday");
+* *speaker*: before a colon at a line's start ("jake: hi, i need help");
+* *relation after*: before "(my son)", ", my brother," ("jake (my son) needs a card").
 
 Why rules: the token model learns a name's context from the words around it in its
 training data; a verb it has not seen ("loses", "stole") says nothing to it, while the
@@ -72,6 +76,12 @@ probably definitely mistakenly somehow again even
 _GIVING = frozenset("""
 give gives gave giving send sends sent sending lend lends lent lending show shows showed
 buy buys bought hand handed handing pass passed offer offered promise promised wire wired
+pay pays paid paying refund refunds refunded owe owes owed transfer transferred
+""".split())
+# Verbs of talking, before "to" or "with" and the person: "spoke to jake yesterday".
+_TALKING = frozenset("""
+spoke speak speaks speaking talk talks talked talking chat chats chatted chatting met meet
+meeting dealt deal dealing
 """.split())
 # What starts the second object: "gave eve *my* card", "sent ben *the* money".
 _OBJECT_START = frozenset("my the a an his her our their your some any this that back".split())
@@ -277,6 +287,18 @@ def clause_name_spans(text: str, words: Words | None = None) -> list[tuple[int, 
             or (  # "ok ben thanks"
                 p1 in _ADDRESS_BEFORE and joined
                 and (i + 1 == n or after.strip()[:1] in _PAUSE_SET or nxt in _ADDRESS_AFTER)
+            )
+            or (i == 1 and p1 in _GREETINGS)  # "hello jake can you help"
+            or (  # "spoke to jake yesterday", "i talked with wes"
+                p1 in ("to", "with") and joined and i > 1 and ws[i - 2] in _TALKING
+                and not text[offs[i - 2][1] : offs[i - 1][0]].strip()
+            )
+            or (  # "jake: hi, i need help" (a chat's speaker), at a line's start
+                after.strip() == ":" and (not i or "\n" in before)
+            )
+            or (  # "jake (my son) needs a card", "wes, my brother, paid"
+                after.strip() in ("(", ",", "-") and i + 2 < n and nxt in ("my", "our")
+                and ws[i + 2] in _PERSON_NOUNS
             )
         ):
             out.append((s, e))

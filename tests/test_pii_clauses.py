@@ -67,6 +67,13 @@ def test_a_common_word_bank_place_or_month_is_no_candidate(word: str) -> None:
         ("hey, wes here", ["wes"]),
         ("the cleaner, wes, is late", ["wes"]),
         ("I think Jake stole it", ["Jake"]),  # with case too
+        ("we talked with wes", ["wes"]),
+        ("we walked with wes", []),  # not a verb of talking
+        ("hey wes", ["wes"]),
+        ("fine\nwes: hi", ["wes"]),
+        ("i said wes: hi", []),  # not at a line's start
+        ("wes, my brother, paid", ["wes"]),
+        ("wes, my card", []),
     ],
 )
 def test_clauses(text: str, names: list[str]) -> None:
