@@ -216,12 +216,14 @@ _THANKS = frozenset("thanks thank thx ty cheers regards bye love".split())
 _DETERMINERS = frozenset("the a an this that my your his her our their its".split())
 
 
-def _word_name(text: str, ws: list[str], offs: list[tuple[int, int]], i: int) -> bool:
+def _word_name(
+    text: str, ws: list[str], offs: list[tuple[int, int]], i: int, caseless: bool
+) -> bool:
     """Whether word ``i``, a given name that is also a common word ("will", "mark"),
     stands where only a person can (see ``_WORD_NAMES``)."""
     n = len(ws)
     s, e = offs[i]
-    if not _is_caseless(text) and not text[s].isupper():
+    if not caseless and not text[s].isupper():
         return False  # in text with case, "will" is the word and "Will" the name
     before = text[offs[i - 1][1] : s] if i else ""
     after = text[e : offs[i + 1][0]] if i + 1 < n else text[e:]
@@ -244,13 +246,16 @@ def clause_name_spans(text: str, words: Words | None = None) -> list[tuple[int, 
         return []  # most messages: no first name rare in English
     offs = [m.span() for m in token_re.finditer(src)]
     n = len(ws)
+    caseless = None  # read once, when a common-word name needs it
     out = []
     for i, w in enumerate(ws):
         if w not in cands:
             continue
         s, e = offs[i]
         if w in _WORD_NAMES:
-            if _word_name(text, ws, offs, i):
+            if caseless is None:
+                caseless = _is_caseless(text)
+            if _word_name(text, ws, offs, i, caseless):
                 out.append((s, e))
             continue
         if e - s > 1 and text[s:e].isupper() and not text.isupper():
