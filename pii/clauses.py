@@ -117,6 +117,9 @@ kinda haha bro thee unto amid amen que est gal mic med gen del ave les von hon m
 mac alpha venus destiny rand ria lira yen
 """.split())
 # Function words and other words the table holds as rare given names: never a subject here.
+# Its own list, not the phrase rules' wider ``_STOP``: that one also holds currency codes
+# that are given names ("ron", the Romanian leu's code), which a verb's subject is not;
+# taking it changed a held-back detection (2026-12-07).
 _STOP = frozenset("""
 i me my you your he him his she her we us our they them their it its this that these those
 there here who what which when where why how all any some each every no not one none
