@@ -32,7 +32,17 @@ trims it from lemminflect's):
   ("hello jake can you help");
 * *talked to*: after "spoke to", "talked with", "met with" ("spoke to jake yesterday");
 * *speaker*: before a colon at a line's start ("jake: hi, i need help");
-* *relation after*: before "(my son)", ", my brother," ("jake (my son) needs a card").
+* *relation after*: before "(my son)", ", my brother," ("jake (my son) needs a card");
+* *cued* (``_cued_names``): any name, one the name table does not hold too, right after
+  a verb of saying ("said elbek", "said bela to wes"), a role ("producer nate p. sage",
+  "tennis player aislinn de meer"), "featuring", "my kid", "was called", before "'s
+  kid" ("waltruda's kid"); a name the table holds after "directed by", "why is", "it's
+  under", "change it to", "add ... as", "had given ... his", or between a comma and a
+  sentence's end ("don't go to town, megan!"); each with the family name and middle
+  initials after it.
+
+The most common given names ("john", "mary": Zipf 4.7 and more, though no English word)
+are candidates too (``_COMMON_GIVEN``).
 
 Why rules: the token model learns a name's context from the words around it in its
 training data; a verb it has not seen ("loses", "stole") says nothing to it, while the
@@ -44,11 +54,12 @@ from __future__ import annotations
 
 import functools
 import gzip
+import re
 from pathlib import Path
 
 from pii.addresses import _country_names
 from pii.casing import Words, _is_caseless, message_words
-from pii.model import table
+from pii.model import _NEVER_NAMES, table
 from pii.phrases import _RELATION_SET
 
 LEXICON = Path(__file__).resolve().parent / "data" / "lexicon.tsv.gz"
@@ -58,6 +69,7 @@ _OPENERS = frozenset("""
 if when whenever because cause cuz cos coz since until unless that though although while
 think thought know knew guess believe suspect sure wonder wondering maybe perhaps so and
 but or ok okay lol yes yeah yep no nope why how where then now also plus apparently cuz
+yesterday today tonight tomorrow earlier later recently
 """.split())
 # Finite auxiliaries and modals: "jake is", "todd can't", "wes didn't".
 _AUX = frozenset("""
@@ -130,6 +142,14 @@ _PAUSES = ",.!?;:"
 _PAUSE_SET = frozenset(_PAUSES)
 
 
+# Given names so common that their Zipf in English is 4.7 or more, though no English word
+# ("john" 5.4): grammar candidates too, beside the rarer names ``_candidate`` passes.
+_COMMON_GIVEN = frozenset("""
+john david james michael george paul william robert thomas chris richard joe mary charles
+henry scott steve louis peter daniel sarah
+""".split())
+
+
 @functools.cache
 def lexicon() -> dict[str, str]:
     """A lower-case English word form -> its tags: Z (VBZ), D (VBD), N (VBN), G (VBG), B
@@ -153,7 +173,7 @@ def _candidate(low: str) -> bool:
     if low in _country_names():
         return False
     hit = table().get(low)
-    return hit is not None and 0 < hit[0] <= 1000 and hit[2] < 4.7
+    return hit is not None and 0 < hit[0] <= 1000 and (hit[2] < 4.7 or low in _COMMON_GIVEN)
 
 
 def _finite(w: str) -> bool:
@@ -180,7 +200,7 @@ def _candidates() -> frozenset[str]:
     lex, countries = lexicon(), _country_names()
     return _WORD_NAMES | frozenset(
         w for w, (first, _, zipf) in table().items()
-        if 0 < first <= 1000 and zipf < 4.7 and len(w) >= 3 and "-" not in w
+        if 0 < first <= 1000 and (zipf < 4.7 or w in _COMMON_GIVEN) and len(w) >= 3 and "-" not in w
         and w not in _STOP and w not in _NOT_PERSONS and w not in lex and w not in countries
     )  # fmt: skip
 
@@ -240,17 +260,156 @@ def _word_name(
     return i + 1 == n and p1 in _THANKS and before.strip() == ","  # "thanks, will"
 
 
+# Words right after which a person's name stands, whatever the name: "said elbek",
+# "producer nate p. sage", "tennis player aislinn de meer", "starring ompoly boros".
+# A name of any country counts here (one the name table does not hold too), as long as
+# it is no English word (``_open_name``).
+_SAYING = frozenset("said says asked asks replied replies told tells texted".split())
+_ROLE_NOUNS = frozenset("""
+player producer commenter director singer songwriter author writer actor actress founder
+cofounder ceo chairman chairwoman president manager engineer teacher guardian captain
+coach artist painter poet novelist composer drummer guitarist rapper comedian journalist
+reporter editor photographer designer architect professor economist spokesman spokeswoman
+spokesperson senator governor mayor minister assistant
+""".split())
+_FEATURING = frozenset("featuring features starring starred feat".split())
+_WH = frozenset("why how where when".split())
+_BE = frozenset("is was are were be been being it's its".split())
+_CHANGING = frozenset("change changed changing update updated updating correct".split())
+_POSS = ("'s", "’s")
+# Family names that are English words too, after a name found: "kaya smith", "jo brown".
+_WORD_SURNAMES = frozenset("smith brown martin khan lee white green king young hall wood".split())
+# A word between a comma and the sentence's end: said to the reader ("see you, megan!").
+_VOCATIVE_RE = re.compile(r",[ \t]*[^\W\d_]+[ \t]*[!?.]")
+_GIVEN_FORMS = frozenset(("given", "shown", "handed"))
+_CUE_TRIGGERS = (
+    _SAYING | _ROLE_NOUNS | _FEATURING | _GIVEN_FORMS | _WH | _RELATION_SET | _ADDING
+    | frozenset(("by", "under", "called")) | _CHANGING
+)
+
+
+def _open_name(low: str, unknown_ok: bool) -> bool:
+    """A word a cue may put as a name: letters only, a given or family name somewhere (with
+    ``unknown_ok`` also a word the name table does not hold: "khasanbek"), no English word
+    (the lexicon, or Zipf 4.7 and more in the name table unless a common given name), no
+    function word, bank, place or country."""
+    if (
+        len(low) < 3 or not low.isalpha() or low in _STOP or low in _NOT_PERSONS
+        or low in lexicon() or low in _NEVER_NAMES
+    ):  # fmt: skip
+        return False
+    hit = table().get(low)
+    if hit is None:
+        if not unknown_ok:
+            return False
+    elif hit[2] >= 4.7 and low not in _COMMON_GIVEN:
+        return False
+    elif not (hit[0] or hit[1]) and not (unknown_ok and hit[2] < 3.0):
+        return False  # an English word only, unless a rare one after a strong cue ("pomeroy")
+    return low not in _country_names()
+
+
+def _surname_next(
+    text: str, ws: list[str], offs: list[tuple[int, int]], j: int, caseless: bool
+) -> bool:
+    """Whether word ``j`` continues a name found before it: after a space (or a middle
+    initial's period), a family name or a word the table does not hold, no English word
+    but after a middle initial ("nate p. sage"), capitalized in text with case."""
+    gap = text[offs[j - 1][1] : offs[j][0]]
+    initial_before = offs[j - 1][1] - offs[j - 1][0] == 1
+    if gap != " " and not (gap == ". " and initial_before):
+        return False
+    s, e = offs[j]
+    w = ws[j]
+    if not caseless and not text[s].isupper():
+        return False
+    if e - s == 1:  # a middle initial ("nate p. sage", "Greg K Kerr"): a name follows it
+        marked = text[e : e + 1] == "." or (not caseless and w not in ("a", "i"))
+        return marked and j + 1 < len(ws) and _surname_next(text, ws, offs, j + 1, caseless)
+    if not w.isalpha() or w in _STOP or w in _NEVER_NAMES:
+        return False
+    if w in lexicon():
+        return w in _WORD_SURNAMES or (initial_before and gap == ". ")
+    hit = table().get(w)  # the commonest family names are common in English ("jones")
+    return hit is None or (hit[1] > 0 and (hit[2] < 4.7 or hit[1] <= 20))
+
+
+def _cued_names(
+    text: str, ws: list[str], offs: list[tuple[int, int]], caseless: bool
+) -> list[tuple[int, int]]:
+    """Names after a cue, with the family name and initials after them. Any name (one the
+    table does not hold too) after a verb of saying, a role ("producer"), "featuring", "my
+    son"; a name the table holds after "directed by", "why is", "had given ... his", or
+    said to the reader at a sentence's end ("don't go to town, megan!")."""
+    n = len(ws)
+    out = []
+    for i in range(n):
+        w = ws[i]
+        s, e = offs[i]
+        if not caseless and not text[s].isupper():
+            continue  # in text with case a name is capitalized
+        if w.endswith(_POSS) and i + 1 < n and ws[i + 1] in _PERSON_NOUNS:
+            if _open_name(w[:-2], True):  # "waltruda's kid", "jake's wife"
+                out.append((s, e - 2))
+            continue
+        if not i:
+            continue
+        p1 = ws[i - 1]
+        p2 = ws[i - 2] if i > 1 else ""
+        p3 = ws[i - 3] if i > 2 else ""
+        before = text[offs[i - 1][1] : s]
+        joined = not before.strip()
+        strong = joined and (
+            p1 in _SAYING or p1 in _ROLE_NOUNS or p1 in _FEATURING
+            or (p1 == "to" and (p2 in _SAYING or p3 in _SAYING or p2 in _ROLE_NOUNS))
+            or (p1 in _RELATION_SET and p2 in ("my", "our"))  # "my kid pomeroy"
+            or (p1 == "called" and p2 in _BE)  # "she was called kirie takuda"
+        )  # fmt: skip
+        if strong:
+            if not _open_name(w, True):
+                continue
+        else:
+            after = text[e : offs[i + 1][0]] if i + 1 < n else text[e:]
+            tail = after.strip()[:1]
+            if not (
+                (joined and p1 == "by" and "N" in lexicon().get(p2, "") and p2 not in _AUX)
+                or (joined and p1 in _INVERTING and p2 in _WH)  # "why is jack so impulsive"
+                or (joined and p1 == "under" and p2 in _BE)  # "it's under murron simpson"
+                or (joined and p1 == "to" and p2 in ("it", "name") and p3 in _CHANGING)
+                or (joined and p1 in _ADDING)  # "add lauchlan duncan as guardian" (see below)
+                or (  # "had given lois his address"
+                    joined and (p1 in _GIVING or p1 in _GIVEN_FORMS) and not tail
+                    and i + 1 < n and ws[i + 1] in _OBJECT_START
+                )
+                or (  # "don't go to town, megan!"
+                    before.strip() == "," and tail in ("!", "?", ".") and (i + 1 == n or tail == "!")
+                )
+            ) or not _open_name(w, False):
+                continue
+        j = i
+        while j + 1 < n and _surname_next(text, ws, offs, j + 1, caseless):
+            j += 1
+        if p1 in _ADDING and (j + 1 >= n or ws[j + 1] not in ("to", "as")):
+            continue
+        out.append((s, offs[j][1]))
+    return out
+
+
 def clause_name_spans(text: str, words: Words | None = None) -> list[tuple[int, int]]:
     """The (start, end) of each name the clauses above put in a person's place. ``words``:
     ``text``'s ``message_words``, when the caller has them."""
     _, src, token_re, ws = words or message_words(text)
     cands = _candidates()
-    if cands.isdisjoint(ws):
-        return []  # most messages: no first name rare in English
+    cued = not _CUE_TRIGGERS.isdisjoint(ws) or _VOCATIVE_RE.search(src) is not None
+    if not cued and cands.isdisjoint(ws):
+        return []  # most messages: no first name rare in English, no cue
     offs = [m.span() for m in token_re.finditer(src)]
     n = len(ws)
     caseless = None  # read once, when a common-word name needs it
     out = []
+    if cued:
+        caseless = _is_caseless(text)
+        out += _cued_names(text, ws, offs, caseless)
     for i, w in enumerate(ws):
         if w not in cands:
             continue
@@ -312,4 +471,4 @@ def clause_name_spans(text: str, words: Words | None = None) -> list[tuple[int, 
             )
         ):
             out.append((s, e))
-    return out
+    return sorted(set(out)) if cued else out

@@ -71,7 +71,8 @@ def test_a_common_word_bank_place_or_month_is_no_candidate(word: str) -> None:
         ("we walked with wes", []),  # not a verb of talking
         ("hey wes", ["wes"]),
         ("fine\nwes: hi", ["wes"]),
-        ("i said wes: hi", []),  # not at a line's start
+        ("i typed wes: hi", []),  # not at a line's start
+        ("i said wes: hi", ["wes"]),  # after a verb of saying (``_cued_names``)
         ("wes, my brother, paid", ["wes"]),
         ("wes, my card", []),
     ],
@@ -104,3 +105,43 @@ def test_each_clause_detection_names_its_source() -> None:
     assert [(d.value, d.source) for d in pii.detect("i think todd stole my card")] == [
         ("todd", "name-clause")
     ]
+
+
+@pytest.mark.parametrize(
+    ("text", "names"),
+    [
+        # any name (one the name table does not hold too) after a strong cue
+        ("i'm so jealous! said khasanbek to jessica", ["khasanbek", "jessica"]),
+        ("i said to wes that it is fine", ["wes"]),
+        ("producer nate p. sage explained it", ["nate p. sage"]),
+        ("Tennis player Aislinn de Meer was detained", ["Aislinn"]),
+        ("the film, starring ompoly boros, is out", ["ompoly boros"]),
+        ("i want to remove my kid pomeroy from the account", ["pomeroy"]),
+        ("my great grandmother was called kirie takuda", ["kirie takuda"]),
+        ("between him and waltruda's kid", ["waltruda"]),
+        ("Yesterday John called me", ["John"]),  # a common given name as a subject
+        # a name the table holds after a weaker cue
+        ("the song was sung by layla gairbekov in 1982", ["layla gairbekov"]),
+        ("why is jakob so impulsive?", ["jakob"]),
+        ("maybe it's under olga petrova", ["olga petrova"]),
+        ("please change it to kaya smith", ["kaya smith"]),
+        ("we need to add maria lopez as guardian", ["maria lopez"]),
+        ("gerald had given marilyn his address", ["gerald", "marilyn"]),
+        ("Don't go to town, Megan!", ["Megan"]),
+        # and not
+        ("the song was sung by salarymen", []),  # no name the table holds
+        ("why is verifaction required", []),  # a typo, not a name
+        ("add cashback to my card", []),
+        ("we need to add lauchlan duncan as guardian", []),  # no name the table holds
+        ("change it to gbp", []),
+        ("i was told by support to wait", []),
+        ("my wife's card was declined", []),
+        ("the payee was called starbucks", []),
+        ("thanks, bye!", []),
+        ("great service, thanks!", []),
+        ("i'm buying my son bertie a starter home", ["bertie"]),  # "a" is no initial
+        ("tennis player Madeline macmahon", ["Madeline"]),  # with case, a lower word is no name
+    ],
+)
+def test_names_after_a_cue(text: str, names: list[str]) -> None:
+    assert [text[s:e] for s, e in C.clause_name_spans(text)] == names
