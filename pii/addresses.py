@@ -157,12 +157,15 @@ def _address_rules(
         return []
     out = []
     for rx, start in zip(_ADDRESS_CASELESS if caseless else _ADDRESS_CASED, street, strict=True):
-        if start is not None:
-            out += [
-                m.span()
-                for m in rx.finditer(scan, start)
-                if not caseless or not _STOP_LOWER.intersection(m.group().split())
-            ]
+        if start is None:
+            continue
+        for m in rx.finditer(scan, start):
+            if not caseless or not _STOP_LOWER.intersection(m.group().split()):
+                out.append(m.span())
+            elif (cut := m.group().rfind(",")) > 0 and not _STOP_LOWER.intersection(
+                m.group()[:cut].split()
+            ):
+                out.append((m.start(), m.start() + cut))  # without the town ("london")
     return out
 
 
@@ -227,6 +230,36 @@ _TOWN_LINE_RE = re.compile(
     + _POSTCODE
     + "))?"
 )
+
+
+# What follows a street on the same line: a direction ("w"), then after a comma a town of
+# up to three words and a region code before a postcode ("10 downing st, london sw1a
+# 2aa", "88 queen st w, toronto on m5h 2n2", "1600 amphitheatre pkwy, mountain view, ca
+# 94043"), or the postcode first ("hauptstrasse 5, 10115 berlin"). The postcode (US ZIP,
+# British, Canadian, or 4 to 6 digits after a town) anchors it: a town alone is left out.
+_TOWN_WORD = r"(?!(?i:and|or|to|but|then|so|please|instead|because|not)\b)[^\W\d_][\w'’-]*"
+_TAIL_POSTCODE = (
+    r"(?:[0-9]{5}(?:-[0-9]{4})?|[A-Za-z]{1,2}[0-9][A-Za-z0-9]?[ \t]?[0-9][A-Za-z]{2}"
+    r"|[A-Za-z][0-9][A-Za-z][ \t]?[0-9][A-Za-z][0-9]|[0-9]{4,6})"
+)
+_TAIL_RE = re.compile(
+    r"(?i:[ \t]+(?:n|s|e|w|ne|nw|se|sw|north|south|east|west)\b\.?)?"
+    rf"[ \t]*,[ \t]*(?:{_TOWN_WORD}(?:[ \t]+{_TOWN_WORD}){{0,2}}[ \t]*,?[ \t]+"
+    rf"(?:[A-Za-z]{{2,3}}[ \t]+)?{_TAIL_POSTCODE}|[0-9]{{4,6}}[ \t]+{_TOWN_WORD})(?![\w-])"
+)
+# A British postcode's second half after a span that ends with its first ("... sw1a").
+_OUTWARD_END_RE = re.compile(r"(?<![\w-])[A-Za-z]{1,2}[0-9][A-Za-z0-9]?$")
+_INWARD_RE = re.compile(r"[ \t]?[0-9][A-Za-z]{2}(?![\w-])")
+
+
+def _street_tail(text: str, e: int) -> int:
+    """Where an address that ends at ``e`` ends with its town and postcode on the same
+    line (see ``_TAIL_RE``), or with its postcode's second half."""
+    if _OUTWARD_END_RE.search(text, max(e - 4, 0), e) and (m := _INWARD_RE.match(text, e)):
+        return m.end()
+    if m := _TAIL_RE.match(text, e):
+        return m.end()
+    return e
 
 
 def _line_at(text: str, pos: int) -> tuple[int, int] | None:
@@ -302,7 +335,7 @@ def address_parts(text: str, found: list[tuple[int, int, str]]) -> list[tuple[in
         if ent.startswith("PERSON") and (s, e) in towns:
             continue
         if ent.startswith("ADDRESS"):
-            e = _block_end(text, e)  # the lines of a postal address after its street
+            e = _block_end(text, _street_tail(text, e))  # its town, postcode, next lines
             # The town after the street, read as a name ("12 rue X, Paris"): the address's.
             if (m := _COMMA_RE.match(text, e)) and (te := names.get(m.end())) and _TOWN_END_RE.match(
                 text, te

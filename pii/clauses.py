@@ -164,6 +164,11 @@ def lexicon() -> dict[str, str]:
     return out
 
 
+@functools.cache
+def _lexicon_words() -> frozenset[str]:
+    return frozenset(lexicon())
+
+
 def _candidate(low: str) -> bool:
     """A first name somewhere (rank 1000 or better), under Zipf 4.7 in English and no
     common English word (not in the lexicon: "jake", not "grace", "pin" or "visa"), no
@@ -193,16 +198,18 @@ def _verb(w: str, nxt: str) -> bool:
 
 
 @functools.cache
-def _candidates() -> frozenset[str]:
+def _candidates() -> tuple[frozenset[str], frozenset[str]]:
     """The words ``_candidate`` passes, and the given names that are common English words
-    (``_WORD_NAMES``), for a set test on a message's words. (``_candidate``'s tests, inline:
-    this runs over the whole name table once per process.)"""
+    (``_WORD_NAMES``), for a set test on a message's words (``_candidate``'s tests, inline:
+    this runs over the whole name table once per process); and those with the words a cue
+    of ``_cued_names`` is read after (one set test for the messages that hold neither)."""
     lex, countries = lexicon(), _country_names()
-    return _WORD_NAMES | frozenset(
+    cands = _WORD_NAMES | frozenset(
         w for w, (first, _, zipf) in table().items()
         if 0 < first <= 1000 and (zipf < 4.7 or w in _COMMON_GIVEN) and len(w) >= 3 and "-" not in w
         and w not in _STOP and w not in _NOT_PERSONS and w not in lex and w not in countries
     )  # fmt: skip
+    return cands, cands | _CUE_TRIGGERS
 
 
 # Given names in English that are common words too ("will", "mark", "hope"): a name only
@@ -282,12 +289,26 @@ _WORD_SURNAMES = frozenset("smith brown martin khan lee white green king young h
 # A word between a comma and the sentence's end: said to the reader ("see you, megan!").
 _VOCATIVE_RE = re.compile(r",[ \t]*[^\W\d_]+[ \t]*[!?.]")
 _GIVEN_FORMS = frozenset(("given", "shown", "handed"))
+# The words right before a name that ``_cued_names`` reads.
+_AFTER_CUE = (
+    _SAYING | _ROLE_NOUNS | _FEATURING | _RELATION_SET | _GIVING | _GIVEN_FORMS | _ADDING
+    | _INVERTING | frozenset(("to", "by", "under", "called"))
+)
+# The words after which ``_cued_names`` takes any name, one the table does not hold too.
+_STRONG_CUES = _SAYING | _ROLE_NOUNS | _FEATURING | _RELATION_SET | frozenset(("called",))
 _CUE_TRIGGERS = (
-    _SAYING | _ROLE_NOUNS | _FEATURING | _GIVEN_FORMS | _WH | _RELATION_SET | _ADDING
+    _SAYING | _ROLE_NOUNS | _FEATURING | _GIVEN_FORMS | _RELATION_SET | _ADDING
     | frozenset(("by", "under", "called")) | _CHANGING
+)
+# "why is", "how can" (in the lower case): a question's subject follows; not "how do i",
+# nor "why is my card ..." (a function word after it).
+_WH_ASKS_RE = re.compile(
+    r"\b(?:why|how|where|when)[ \t]+(?:" + "|".join(sorted(_INVERTING)) + r")[ \t]+"
+    r"(?!(?:i|you|he|she|it|we|they|my|your|his|her|our|their|the|a|an|this|that|there)\b)"
 )
 
 
+@functools.lru_cache(maxsize=65536)
 def _open_name(low: str, unknown_ok: bool) -> bool:
     """A word a cue may put as a name: letters only, a given or family name somewhere (with
     ``unknown_ok`` also a word the name table does not hold: "khasanbek"), no English word
@@ -335,16 +356,23 @@ def _surname_next(
 
 
 def _cued_names(
-    text: str, ws: list[str], offs: list[tuple[int, int]], caseless: bool
+    text: str, ws: list[str], offs: list[tuple[int, int]], caseless: bool, words: set[str]
 ) -> list[tuple[int, int]]:
     """Names after a cue, with the family name and initials after them. Any name (one the
     table does not hold too) after a verb of saying, a role ("producer"), "featuring", "my
     son"; a name the table holds after "directed by", "why is", "had given ... his", or
-    said to the reader at a sentence's end ("don't go to town, megan!")."""
+    said to the reader at a sentence's end ("don't go to town, megan!"). ``words``: the
+    words of ``ws`` that can be such a name (``_open_name`` with any name) or end in "'s"."""
     n = len(ws)
     out = []
     for i in range(n):
         w = ws[i]
+        if w not in words:
+            continue
+        if i and ws[i - 1] not in _AFTER_CUE and "," not in text[offs[i - 1][1] : offs[i][0]] and not (
+            w.endswith(_POSS) and i + 1 < n
+        ):
+            continue  # most words: nothing before them says a name follows
         s, e = offs[i]
         if not caseless and not text[s].isupper():
             continue  # in text with case a name is capitalized
@@ -399,17 +427,30 @@ def clause_name_spans(text: str, words: Words | None = None) -> list[tuple[int, 
     """The (start, end) of each name the clauses above put in a person's place. ``words``:
     ``text``'s ``message_words``, when the caller has them."""
     _, src, token_re, ws = words or message_words(text)
-    cands = _candidates()
-    cued = not _CUE_TRIGGERS.isdisjoint(ws) or _VOCATIVE_RE.search(src) is not None
-    if not cued and cands.isdisjoint(ws):
+    cands, gate = _candidates()
+    vocative = "," in src and _VOCATIVE_RE.search(src) is not None
+    asks = (
+        not _WH.isdisjoint(ws) and not _INVERTING.isdisjoint(ws)
+        and _WH_ASKS_RE.search(src) is not None
+    )  # fmt: skip
+    if gate.isdisjoint(ws) and not vocative and not asks:
         return []  # most messages: no first name rare in English, no cue
+    cued: set[str] = set()  # the words a cue may put as a name (no English words)
+    if vocative or asks or not _CUE_TRIGGERS.isdisjoint(ws):
+        any_name = not _STRONG_CUES.isdisjoint(ws)  # else only names the table holds
+        cued = {
+            w for w in set(ws).difference(_lexicon_words())
+            if _open_name(w[:-2] if w.endswith(_POSS) else w, any_name)
+        }  # fmt: skip
+    if not cued and cands.isdisjoint(ws):
+        return []
     offs = [m.span() for m in token_re.finditer(src)]
     n = len(ws)
     caseless = None  # read once, when a common-word name needs it
     out = []
     if cued:
         caseless = _is_caseless(text)
-        out += _cued_names(text, ws, offs, caseless)
+        out += _cued_names(text, ws, offs, caseless, cued)
     for i, w in enumerate(ws):
         if w not in cands:
             continue

@@ -104,6 +104,11 @@ transferwise barclays natwest santander hsbc
 """.split())
 
 
+# Street types that name no street before another: unit words ("flat 2 ..."; "flat" is a
+# USPS street type too), "a 2 way street".
+_NO_STREET_NAMES = frozenset(("flat", "apt", "apartment", "suite", "unit", "studio", "room", "way"))
+
+
 @functools.cache
 def table() -> dict[str, tuple[int, int, float]]:
     """token -> (best first-name rank, best last-name rank, English Zipf frequency)."""
@@ -521,13 +526,15 @@ def in_spans(toks: list[tuple[int, int, str]], spans: list[tuple[int, int]]) -> 
 
 
 def address_like(toks: list[str]) -> bool:
-    """A number and a word, and some word that is not a street type: "12 oak st", "via
-    roma 5", but not "10 ways" or "2012 ford" (no street name)."""
+    """A number and a word, and a street name besides the street type: some word that is
+    not a street type ("12 oak st", "via roma 5"), or one before the last that is ("22
+    pine ave", "3 park lane"); not "10 ways" or "2012 ford" (no street name)."""
     from pii import detector as pii
 
-    words = [t.lower() for t in toks if len(t) > 1 and t[0].isalpha()]
-    return any(t[0].isdigit() for t in toks) and any(
-        w.rstrip(".") not in pii._EN_STREET_SET for w in words
+    words = [t.lower().rstrip(".") for t in toks if len(t) > 1 and t[0].isalpha()]
+    return any(t[0].isdigit() for t in toks) and (
+        any(w not in pii._EN_STREET_SET for w in words)
+        or (len(words) >= 2 and words[0] not in _NO_STREET_NAMES)
     )
 
 
