@@ -237,7 +237,10 @@ _TOWN_LINE_RE = re.compile(
 # 2aa", "88 queen st w, toronto on m5h 2n2", "1600 amphitheatre pkwy, mountain view, ca
 # 94043"), or the postcode first ("hauptstrasse 5, 10115 berlin"). The postcode (US ZIP,
 # British, Canadian, or 4 to 6 digits after a town) anchors it: a town alone is left out.
-_TOWN_WORD = r"(?!(?i:and|or|to|but|then|so|please|instead|because|not)\b)[^\W\d_][\w'’-]*"
+_TOWN_WORD = (
+    r"(?!(?i:and|or|to|but|then|so|please|instead|because|not|my|your|our|is|are|was|it|at"
+    r"|call|ring|phone|tel|mobile|number|text)\b)[^\W\d_][\w'’-]*"
+)
 _TAIL_POSTCODE = (
     r"(?:[0-9]{5}(?:-[0-9]{4})?|[A-Za-z]{1,2}[0-9][A-Za-z0-9]?[ \t]?[0-9][A-Za-z]{2}"
     r"|[A-Za-z][0-9][A-Za-z][ \t]?[0-9][A-Za-z][0-9]|[0-9]{4,6})"
@@ -252,14 +255,14 @@ _OUTWARD_END_RE = re.compile(r"(?<![\w-])[A-Za-z]{1,2}[0-9][A-Za-z0-9]?$")
 _INWARD_RE = re.compile(r"[ \t]?[0-9][A-Za-z]{2}(?![\w-])")
 
 
-def _street_tail(text: str, e: int) -> int:
+def _street_tail(text: str, e: int, taken: list[tuple[int, int]]) -> int:
     """Where an address that ends at ``e`` ends with its town and postcode on the same
-    line (see ``_TAIL_RE``), or with its postcode's second half."""
-    if _OUTWARD_END_RE.search(text, max(e - 4, 0), e) and (m := _INWARD_RE.match(text, e)):
-        return m.end()
-    if m := _TAIL_RE.match(text, e):
-        return m.end()
-    return e
+    line (see ``_TAIL_RE``), or with its postcode's second half; not over another type's
+    span (``taken``: "12 oak st, london 020 7946 0958" ends before the phone number)."""
+    m = _INWARD_RE.match(text, e) if _OUTWARD_END_RE.search(text, max(e - 4, 0), e) else None
+    if m is None and (m := _TAIL_RE.match(text, e)) is None:
+        return e
+    return e if any(ts < m.end() and e < te for ts, te in taken) else m.end()
 
 
 def _line_at(text: str, pos: int) -> tuple[int, int] | None:
@@ -335,7 +338,7 @@ def address_parts(text: str, found: list[tuple[int, int, str]]) -> list[tuple[in
         if ent.startswith("PERSON") and (s, e) in towns:
             continue
         if ent.startswith("ADDRESS"):
-            e = _block_end(text, _street_tail(text, e))  # its town, postcode, next lines
+            e = _block_end(text, _street_tail(text, e, taken))  # town, postcode, next lines
             # The town after the street, read as a name ("12 rue X, Paris"): the address's.
             if (m := _COMMA_RE.match(text, e)) and (te := names.get(m.end())) and _TOWN_END_RE.match(
                 text, te

@@ -134,6 +134,10 @@ PHRASINGS = [
      [("ADDRESS", "55 Station Rd, Cambridge CB1 2JW")]),
     ("address tail", "send it to 12 oak st, and pay 10000 now", [("ADDRESS", "12 oak st")]),
     ("address tail", "Send it to 12 Oak St, then 50000 more", [("ADDRESS", "12 Oak St")]),
+    ("address tail", "i live at 4 elm road, my number is 07700 900461",
+     [("ADDRESS", "4 elm road"), ("PHONE", "07700 900461")]),
+    ("address tail", "12 oak st, london 020 7946 0958",  # not over the phone number
+     [("ADDRESS", "12 oak st"), ("PHONE", "020 7946 0958")]),
     # a street named by a street type ("pine", "park") before its own
     ("street type as name", "we moved from 14 oak ave to 22 pine ave",
      [("ADDRESS", "14 oak ave"), ("ADDRESS", "22 pine ave")]),
