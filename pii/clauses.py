@@ -36,7 +36,7 @@ trims it from lemminflect's):
 * *cued* (``_cued_names``): any name, one the name table does not hold too, right after
   a verb of saying ("said elbek", "said bela to wes"), a role ("producer nate p. sage",
   "tennis player aislinn de meer"), "featuring", "my kid", "was called", before "'s
-  kid" ("waltruda's kid"); a name the table holds after "directed by", "why is", "it's
+  kid" ("waltruda's kid"); a name the table holds after "directed by", "it's
   under", "change it to", "add ... as", "had given ... his", or between a comma and a
   sentence's end ("don't go to town, megan!"); each with the family name and middle
   initials after it.
@@ -280,7 +280,6 @@ reporter editor photographer designer architect professor economist spokesman sp
 spokesperson senator governor mayor minister assistant
 """.split())
 _FEATURING = frozenset("featuring features starring starred feat".split())
-_WH = frozenset("why how where when".split())
 _BE = frozenset("is was are were be been being it's its".split())
 _CHANGING = frozenset("change changed changing update updated updating correct".split())
 _POSS = ("'s", "’s")
@@ -292,19 +291,13 @@ _GIVEN_FORMS = frozenset(("given", "shown", "handed"))
 # The words right before a name that ``_cued_names`` reads.
 _AFTER_CUE = (
     _SAYING | _ROLE_NOUNS | _FEATURING | _RELATION_SET | _GIVING | _GIVEN_FORMS | _ADDING
-    | _INVERTING | frozenset(("to", "by", "under", "called"))
+    | frozenset(("to", "by", "under", "called"))
 )
 # The words after which ``_cued_names`` takes any name, one the table does not hold too.
 _STRONG_CUES = _SAYING | _ROLE_NOUNS | _FEATURING | _RELATION_SET | frozenset(("called",))
 _CUE_TRIGGERS = (
     _SAYING | _ROLE_NOUNS | _FEATURING | _GIVEN_FORMS | _RELATION_SET | _ADDING
     | frozenset(("by", "under", "called")) | _CHANGING
-)
-# "why is", "how can" (in the lower case): a question's subject follows; not "how do i",
-# nor "why is my card ..." (a function word after it).
-_WH_ASKS_RE = re.compile(
-    r"\b(?:why|how|where|when)[ \t]+(?:" + "|".join(sorted(_INVERTING)) + r")[ \t]+"
-    r"(?!(?:i|you|he|she|it|we|they|my|your|his|her|our|their|the|a|an|this|that|there)\b)"
 )
 
 
@@ -360,7 +353,7 @@ def _cued_names(
 ) -> list[tuple[int, int]]:
     """Names after a cue, with the family name and initials after them. Any name (one the
     table does not hold too) after a verb of saying, a role ("producer"), "featuring", "my
-    son"; a name the table holds after "directed by", "why is", "had given ... his", or
+    son"; a name the table holds after "directed by", "had given ... his", or
     said to the reader at a sentence's end ("don't go to town, megan!"). ``words``: the
     words of ``ws`` that can be such a name (``_open_name`` with any name) or end in "'s"."""
     n = len(ws)
@@ -401,7 +394,6 @@ def _cued_names(
             tail = after.strip()[:1]
             if not (
                 (joined and p1 == "by" and "N" in lexicon().get(p2, "") and p2 not in _AUX)
-                or (joined and p1 in _INVERTING and p2 in _WH)  # "why is jack so impulsive"
                 or (joined and p1 == "under" and p2 in _BE)  # "it's under murron simpson"
                 or (joined and p1 == "to" and p2 in ("it", "name") and p3 in _CHANGING)
                 or (joined and p1 in _ADDING)  # "add lauchlan duncan as guardian" (see below)
@@ -429,14 +421,10 @@ def clause_name_spans(text: str, words: Words | None = None) -> list[tuple[int, 
     _, src, token_re, ws = words or message_words(text)
     cands, gate = _candidates()
     vocative = "," in src and _VOCATIVE_RE.search(src) is not None
-    asks = (
-        not _WH.isdisjoint(ws) and not _INVERTING.isdisjoint(ws)
-        and _WH_ASKS_RE.search(src) is not None
-    )  # fmt: skip
-    if gate.isdisjoint(ws) and not vocative and not asks:
+    if gate.isdisjoint(ws) and not vocative:
         return []  # most messages: no first name rare in English, no cue
     cued: set[str] = set()  # the words a cue may put as a name (no English words)
-    if vocative or asks or not _CUE_TRIGGERS.isdisjoint(ws):
+    if vocative or not _CUE_TRIGGERS.isdisjoint(ws):
         any_name = not _STRONG_CUES.isdisjoint(ws)  # else only names the table holds
         cued = {
             w for w in set(ws).difference(_lexicon_words())

@@ -122,7 +122,6 @@ def test_each_clause_detection_names_its_source() -> None:
         ("Yesterday John called me", ["John"]),  # a common given name as a subject
         # a name the table holds after a weaker cue
         ("the song was sung by layla gairbekov in 1982", ["layla gairbekov"]),
-        ("why is jakob so impulsive?", ["jakob"]),
         ("maybe it's under olga petrova", ["olga petrova"]),
         ("please change it to kaya smith", ["kaya smith"]),
         ("we need to add maria lopez as guardian", ["maria lopez"]),

@@ -322,20 +322,23 @@ def test_the_halves_are_apart() -> None:
 # detection per whole address now: the false ones are as many as before); casual PERSON
 # 0.882/0.968, ADDRESS 0.846/0.917 (13 addresses: one is 0.077). With the grammar rules
 # (2026-12-07, later): presidio PERSON 0.876/0.904, 0.856/0.930, 0.856/0.930; casual
-# PERSON 0.896/0.968.
+# PERSON 0.896/0.968. With names after a cue and an address's town and postcode
+# (2026-12-07, night): presidio PERSON 0.880/0.904, 0.860/0.931, 0.860/0.931; casual PERSON
+# 0.896/0.960, ADDRESS 0.923/0.923 (12 of 13: the recall target, which the floor now is).
 FLOORS: dict[tuple[str, str, str], tuple[float, float]] = {
-    ("presidio", "cased", "PERSON"): (0.85, 0.88),
-    ("presidio", "lower", "PERSON"): (0.83, 0.91),
-    ("presidio", "upper", "PERSON"): (0.83, 0.91),
+    ("presidio", "cased", "PERSON"): (0.86, 0.88),
+    ("presidio", "lower", "PERSON"): (0.84, 0.91),
+    ("presidio", "upper", "PERSON"): (0.84, 0.91),
     **{("presidio", c, "ADDRESS"): (0.90, 0.90) for c in ("lower", "upper")},
     **{("casual", c, "PERSON"): (0.86, 0.93) for c in E.CASES},
-    **{("casual", c, "ADDRESS"): (0.76, 0.83) for c in E.CASES},
+    **{("casual", c, "ADDRESS"): (0.90, 0.90) for c in E.CASES},
     # The fresh held-back set (2026-12-07, scored once on the shipped detector, as written /
     # lower / upper): PERSON 0.840/0.927, 0.835/0.926, 0.835/0.926 (163 or 162 of 194);
     # ADDRESS 0.794/0.889, 0.794/0.886 (27 of 34); PHONE 0.943/0.971 (33 of 35). With the
     # grammar rules, address cues and Indian mobiles (later that day): PERSON 0.840/0.921,
     # 0.835/0.921; ADDRESS 0.794/0.914, 0.794/0.912; PHONE 0.971/0.971 (34 of 35: the
-    # target, which the floor now is).
+    # target, which the floor now is). With names after a cue and an address's town and
+    # postcode (that night): PERSON 0.845/0.922, 0.840/0.921; ADDRESS 0.794/0.917, 0.794/0.914.
     **{("casual-fresh", c, "PERSON"): (0.82, 0.90) for c in E.CASES},
     **{("casual-fresh", c, "ADDRESS"): (0.76, 0.88) for c in E.CASES},
 }
