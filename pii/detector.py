@@ -23,7 +23,8 @@ How, per type:
   type;
 * address parts the patterns and the model leave out (``pii.addresses.address_parts``):
   a country line's postcode, a building number before the house number, an
-  intersection's second street; an address the model ran over the name line before it
+  intersection's second street, a town and postcode on the street's line ("10 downing
+  st, london sw1a 2aa"; not over another type's span); an address the model ran over the name line before it
   ("Mrs. Madeline MacMahon Suite 787 ...") starts after the name;
 * names by the PERSON token model (a name-frequency prior, the word's shape and context),
   which reads the cue rules of ``pii.names`` as features: a cue ("my name is", "regards,",
@@ -35,7 +36,8 @@ How, per type:
   casual phrasings and lists of names are ``pii.phrases``'; a first name rare in English
   as a verb's subject or first object ("what if jake loses the card", "can wes use my
   card", "i gave tyler my old card") is ``pii.clauses``', which reads English grammar
-  from a trimmed lexicon (``pii/data/lexicon.tsv.gz``).
+  from a trimmed lexicon (``pii/data/lexicon.tsv.gz``), as is a name of any country after
+  a cue that says a person follows ("said khasanbek", "producer nate p. sage").
 
 Why no NER model: none installs offline from the package registries here (spaCy and
 Hugging Face models download at run time); Presidio's own recognizers for these types
