@@ -24,8 +24,8 @@ How, per type:
 * address parts the patterns and the model leave out (``pii.addresses.address_parts``):
   a country line's postcode, a building number before the house number, an
   intersection's second street, a town and postcode on the street's line ("10 downing
-  st, london sw1a 2aa"; not over another type's span); an address the model ran over the name line before it
-  ("Mrs. Madeline MacMahon Suite 787 ...") starts after the name;
+  st, london sw1a 2aa"; not over another type's span); an address the model ran over the
+  name line before it ("Mrs. Madeline MacMahon Suite 787 ...") starts after the name;
 * names by the PERSON token model (a name-frequency prior, the word's shape and context),
   which reads the cue rules of ``pii.names`` as features: a cue ("my name is", "regards,",
   "on behalf of", a title "Mr.", ...) followed by capitalized name tokens (with
