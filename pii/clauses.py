@@ -348,6 +348,27 @@ def _surname_next(
     return hit is None or (hit[1] > 0 and (hit[2] < 4.7 or hit[1] <= 20))
 
 
+_SURNAME_AFTER_RE = re.compile(r" ([^\W\d_][\w'’-]*)")
+
+
+def family_name_after(text: str, end: int, caseless: bool) -> int:
+    """Where a name found to end at ``end`` ends with the family name after it, on the
+    same line after one space: a family name somewhere (``_surname_next``'s test, but no
+    word the table does not hold), capitalized in text with case ("kira mitchell" where a
+    model found "kira"); ``end`` if none follows."""
+    m = _SURNAME_AFTER_RE.match(text, end)
+    if m is None or (not caseless and not m.group(1)[0].isupper()):
+        return end
+    w = m.group(1).lower()
+    if w in _STOP or w in _NEVER_NAMES or w in _NOT_PERSONS or not w.isalpha():
+        return end
+    if w in lexicon():
+        return m.end() if w in _WORD_SURNAMES else end
+    hit = table().get(w)
+    ok = hit is not None and hit[1] > 0 and (hit[2] < 4.7 or hit[1] <= 20)
+    return m.end() if ok and w not in _country_names() else end
+
+
 def _cued_names(
     text: str, ws: list[str], offs: list[tuple[int, int]], caseless: bool, words: set[str]
 ) -> list[tuple[int, int]]:

@@ -85,7 +85,7 @@ from pii.addresses import rule_address_spans as rule_address_spans
 from pii.casing import _case_forms, message_words
 from pii.casing import _is_caseless as _is_caseless
 from pii.casing import _lower_is_ignorecase as _lower_is_ignorecase
-from pii.clauses import clause_name_spans
+from pii.clauses import clause_name_spans, family_name_after
 from pii.identifiers import _IBAN_READ_RES as _IBAN_READ_RES
 from pii.identifiers import _IBAN_SHAPE_RE as _IBAN_SHAPE_RE
 from pii.identifiers import _IBAN_START_RE as _IBAN_START_RE
@@ -224,6 +224,25 @@ def _names_before_addresses(
                     if address_like(text[rest:e].split()):
                         s = rest
                     break
+        out.append((s, e, ent))
+    return out
+
+
+def _with_family_names(
+    text: str, found: list[tuple[int, int, str]], caseless: bool
+) -> list[tuple[int, int, str]]:
+    """Each name with the family name after it that no rule or model took (see
+    ``pii.clauses.family_name_after``: "kira mitchell" where the model found "kira"),
+    unless another span starts there."""
+    if not any(ent.startswith("PERSON") for *_, ent in found):
+        return found
+    starts = {s for s, _, _ in found}
+    out = []
+    for s, e, ent in found:
+        if ent.startswith("PERSON") and e < len(text) and text[e] == " " and (e + 1) not in starts:
+            e2 = family_name_after(text, e, caseless)
+            if e2 > e and not any(e < st < e2 for st in starts):
+                e = e2
         out.append((s, e, ent))
     return out
 
@@ -399,6 +418,7 @@ def detect(text: str) -> list[Detection]:
         )
     ]
     found = _names_before_addresses(text, address_parts(text, found))
+    found = _with_family_names(text, found, caseless)
     if (apart := _apart(found)) is not None:
         return [_detection(text, s, e, ent) for s, e, ent in apart if ent != "_BLOCK"]
     found.sort(key=lambda d: (PRIORITY[d[2].partition("~")[0]], d[0] - d[1], d[0]))

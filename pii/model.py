@@ -509,6 +509,20 @@ def _strip_punct(run: list[int], scored: list[tuple[int, int, str, float]]) -> l
     return run[lo:hi]
 
 
+def _after_blank_line(
+    run: list[int], scored: list[tuple[int, int, str, float]], text: str
+) -> list[int]:
+    """A run that starts with words and no number before a blank line ("kira
+    mitchell\n\n992 ul. zagórna 55 ...": a name line above the address) starts after it;
+    a blank line later in a block (before its country line) stays inside."""
+    for k in range(1, len(run)):
+        if any(scored[i][2][0].isdigit() for i in run[:k]):
+            return run
+        if text.count("\n", scored[run[k - 1]][1], scored[run[k]][0]) >= 2:
+            return run[k:]
+    return run
+
+
 def in_spans(toks: list[tuple[int, int, str]], spans: list[tuple[int, int]]) -> set[int]:
     """The indices of the tokens that lie wholly inside one of ``spans`` (the rules'
     matches): by bisection over the token starts, so a message of many matches stays
@@ -747,7 +761,7 @@ class TokenModel:
             else:
                 runs.append([i])
         if not person:  # an address has a number and a word ("12 oak st", "via roma 5")
-            runs = [_strip_punct(r, scored) for r in runs]
+            runs = [_strip_punct(_after_blank_line(r, scored, text), scored) for r in runs]
             runs = [r for r in runs if r and address_like([scored[i][2] for i in r])]
         return [(scored[r[0]][0], scored[r[-1]][1]) for r in runs]
 

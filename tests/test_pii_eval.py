@@ -143,6 +143,13 @@ PHRASINGS = [
      [("ADDRESS", "14 oak ave"), ("ADDRESS", "22 pine ave")]),
     ("street type as name", "i live at 3 park lane", [("ADDRESS", "3 park lane")]),
     ("street type as name", "it's a 2 way street", []),
+    # a name line above an address block, a blank line between (the address starts after it)
+    ("name above address", "kira mitchell\n\n992 ul. zagórna 55\n suite 502\n warszawa",
+     [("PERSON", "kira mitchell"), ("ADDRESS", "992 ul. zagórna 55\n suite 502\n warszawa")]),
+    # the family name after a name found
+    ("family name after", "ask sarah brown about it", [("PERSON", "sarah brown")]),
+    ("family name after", "i paid jake monday", [("PERSON", "jake")]),
+    ("family name after", "text bob asap", [("PERSON", "bob")]),
     ("place", "my friend lives in stora vika", []),
     ("place", "we moved here from são paulo", []),
     ("place", "a trip to see anna", [("PERSON", "anna")]),
