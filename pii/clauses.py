@@ -340,12 +340,23 @@ def _surname_next(
     if e - s == 1:  # a middle initial ("nate p. sage", "Greg K Kerr"): a name follows it
         marked = text[e : e + 1] == "." or (not caseless and w not in ("a", "i"))
         return marked and j + 1 < len(ws) and _surname_next(text, ws, offs, j + 1, caseless)
+    if initial_before and gap == ". " and w in lexicon():  # any word after "p." ("sage")
+        return w.isalpha() and w not in _STOP and w not in _NEVER_NAMES
+    return _family_word(w, True)
+
+
+def _family_word(w: str, unknown_ok: bool) -> bool:
+    """A family name somewhere (the commonest also when common in English: "jones"), one
+    of the English words that are family names too ("smith"), or with ``unknown_ok`` a word
+    the name table does not hold; never a function word."""
     if not w.isalpha() or w in _STOP or w in _NEVER_NAMES:
         return False
     if w in lexicon():
-        return w in _WORD_SURNAMES or (initial_before and gap == ". ")
-    hit = table().get(w)  # the commonest family names are common in English ("jones")
-    return hit is None or (hit[1] > 0 and (hit[2] < 4.7 or hit[1] <= 20))
+        return w in _WORD_SURNAMES
+    hit = table().get(w)
+    if hit is None:
+        return unknown_ok
+    return hit[1] > 0 and (hit[2] < 4.7 or hit[1] <= 20)
 
 
 _SURNAME_AFTER_RE = re.compile(r" ([^\W\d_][\w'’-]*)")
@@ -360,13 +371,8 @@ def family_name_after(text: str, end: int, caseless: bool) -> int:
     if m is None or (not caseless and not m.group(1)[0].isupper()):
         return end
     w = m.group(1).lower()
-    if w in _STOP or w in _NEVER_NAMES or w in _NOT_PERSONS or not w.isalpha():
-        return end
-    if w in lexicon():
-        return m.end() if w in _WORD_SURNAMES else end
-    hit = table().get(w)
-    ok = hit is not None and hit[1] > 0 and (hit[2] < 4.7 or hit[1] <= 20)
-    return m.end() if ok and w not in _country_names() else end
+    ok = _family_word(w, False) and w not in _NOT_PERSONS and w not in _country_names()
+    return m.end() if ok else end
 
 
 def _cued_names(
@@ -376,16 +382,16 @@ def _cued_names(
     table does not hold too) after a verb of saying, a role ("producer"), "featuring", "my
     son"; a name the table holds after "directed by", "had given ... his", or
     said to the reader at a sentence's end ("don't go to town, megan!"). ``words``: the
-    words of ``ws`` that can be such a name (``_open_name`` with any name) or end in "'s"."""
+    words of ``ws`` that ``_open_name`` passes (with any name where a strong cue is in the
+    message), a possessive's name for those that end in "'s"."""
     n = len(ws)
     out = []
     for i in range(n):
         w = ws[i]
         if w not in words:
             continue
-        if i and ws[i - 1] not in _AFTER_CUE and "," not in text[offs[i - 1][1] : offs[i][0]] and not (
-            w.endswith(_POSS) and i + 1 < n
-        ):
+        cue_before = i and (ws[i - 1] in _AFTER_CUE or "," in text[offs[i - 1][1] : offs[i][0]])
+        if i and not cue_before and not (w.endswith(_POSS) and i + 1 < n):
             continue  # most words: nothing before them says a name follows
         s, e = offs[i]
         if not caseless and not text[s].isupper():
