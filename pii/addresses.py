@@ -255,13 +255,51 @@ _OUTWARD_END_RE = re.compile(r"(?<![\w-])[A-Za-z]{1,2}[0-9][A-Za-z0-9]?$")
 _INWARD_RE = re.compile(r"[ \t]?[0-9][A-Za-z]{2}(?![\w-])")
 
 
+# A town alone after a street and a comma: up to three words, the longest run that the
+# place names of libphonenumber's geocoder hold ("42 mg road, bangalore", "12 oak st,
+# mountain view").
+_TOWN_TAIL_RE = re.compile(
+    r"[ \t]*,[ \t]*([^\W\d_][\w'’-]*)(?:[ \t]+([^\W\d_][\w'’-]*))?(?:[ \t]+([^\W\d_][\w'’-]*))?"
+)
+
+
+@functools.cache
+def _place_names() -> frozenset[str]:
+    """The English place names of libphonenumber's geocoder (its areas' descriptions,
+    "Bangalore", "Mountain View, CA": each part, lower case; 36,000), without English
+    words ("reading", "bath", "mobile": the lexicon of ``pii.clauses``)."""
+    from phonenumbers.geodata import GEOCODE_DATA
+
+    from pii.clauses import lexicon
+
+    lex = lexicon()
+    out = set()
+    for names in GEOCODE_DATA.values():
+        for part in names.get("en", "").split(","):
+            if (p := part.strip().lower()) and p not in lex and not p[:1].isdigit():
+                out.add(p)
+    return frozenset(out)
+
+
 def _street_tail(text: str, e: int, taken: list[tuple[int, int]]) -> int:
     """Where an address that ends at ``e`` ends with its town and postcode on the same
-    line (see ``_TAIL_RE``), or with its postcode's second half; not over another type's
-    span (``taken``: "12 oak st, london 020 7946 0958" ends before the phone number)."""
+    line (see ``_TAIL_RE``), with its postcode's second half, or with a town the geocoder
+    knows (``_TOWN_TAIL_RE``); not over another type's span (``taken``: "12 oak st, london
+    020 7946 0958" ends before the phone number)."""
     m = _INWARD_RE.match(text, e) if _OUTWARD_END_RE.search(text, max(e - 4, 0), e) else None
     if m is None and (m := _TAIL_RE.match(text, e)) is None:
-        return e
+        if (m := _TOWN_TAIL_RE.match(text, e)) is None:
+            return e
+        places = _place_names()
+        words = [w for w in m.groups() if w]
+        end = next(
+            (m.end(k + 1) for k in range(len(words) - 1, -1, -1)
+             if " ".join(words[: k + 1]).lower() in places),
+            None,
+        )  # fmt: skip
+        if end is None:
+            return e
+        return e if any(ts < end and e < te for ts, te in taken) else end
     return e if any(ts < m.end() and e < te for ts, te in taken) else m.end()
 
 
@@ -331,6 +369,9 @@ def address_parts(text: str, found: list[tuple[int, int, str]]) -> list[tuple[in
     if not addresses:
         return found
     taken = [(s, e) for s, e, ent in found if not ent.startswith("ADDRESS")]  # other types
+    # Spans an address's tail may not run over: not names, which an address beats anyway
+    # ("12 oak st, sydney" where "sydney" was read as a name).
+    hard = [(s, e) for s, e, ent in found if not ent.startswith(("ADDRESS", "PERSON"))]
     names = {s: e for s, e, ent in found if ent == "PERSON~name-model"}
     towns = set()
     out = []
@@ -338,7 +379,7 @@ def address_parts(text: str, found: list[tuple[int, int, str]]) -> list[tuple[in
         if ent.startswith("PERSON") and (s, e) in towns:
             continue
         if ent.startswith("ADDRESS"):
-            e = _block_end(text, _street_tail(text, e, taken))  # town, postcode, next lines
+            e = _block_end(text, _street_tail(text, e, hard))  # town, postcode, next lines
             # The town after the street, read as a name ("12 rue X, Paris"): the address's.
             if (m := _COMMA_RE.match(text, e)) and (te := names.get(m.end())) and _TOWN_END_RE.match(
                 text, te

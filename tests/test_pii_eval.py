@@ -108,7 +108,7 @@ PHRASINGS = [
     (
         "address parts",
         "send it to 5 rue de la Paix, Paris. France 75002",
-        [("ADDRESS", "5 rue de la Paix"), ("ADDRESS", "75002")],
+        [("ADDRESS", "5 rue de la Paix, Paris"), ("ADDRESS", "75002")],
     ),
     (
         "address parts",
@@ -137,7 +137,11 @@ PHRASINGS = [
     ("address tail", "i live at 4 elm road, my number is 07700 900461",
      [("ADDRESS", "4 elm road"), ("PHONE", "07700 900461")]),
     ("address tail", "12 oak st, london 020 7946 0958",  # not over the phone number
-     [("ADDRESS", "12 oak st"), ("PHONE", "020 7946 0958")]),
+     [("ADDRESS", "12 oak st, london"), ("PHONE", "020 7946 0958")]),
+    # a town alone that libphonenumber's geocoder knows (no English word: not "reading")
+    ("address tail", "i moved to 42 mg road, bangalore last month",
+     [("ADDRESS", "42 mg road, bangalore")]),
+    ("address tail", "send it to 12 oak st, thanks", [("ADDRESS", "12 oak st")]),
     # a street named by a street type ("pine", "park") before its own
     ("street type as name", "we moved from 14 oak ave to 22 pine ave",
      [("ADDRESS", "14 oak ave"), ("ADDRESS", "22 pine ave")]),
@@ -257,7 +261,7 @@ PHRASINGS = [
     ("word name", "your text will be sent", []),
     ("word name", "i will tell you the code", []),
     # Addresses a phrase announces (pii.addresses.cued_address_spans), and where none is.
-    ("address cue", "send it to 5 the paddock, york", [("ADDRESS", "5 the paddock")]),
+    ("address cue", "send it to 5 the paddock, york", [("ADDRESS", "5 the paddock, york")]),
     ("address cue", "post it to 19 station approach", [("ADDRESS", "19 station approach")]),
     ("address cue", "i live at no. 7 mill lane", [("ADDRESS", "no. 7 mill lane")]),
     ("address cue", "i'm at 23-25 high street", [("ADDRESS", "23-25 high street")]),
