@@ -60,7 +60,7 @@ from pathlib import Path
 from pii.addresses import _country_names
 from pii.casing import Words, _is_caseless, message_words
 from pii.model import _NEVER_NAMES, table
-from pii.phrases import _RELATION_SET
+from pii.phrases import _POSS, _RELATION_SET
 
 LEXICON = Path(__file__).resolve().parent / "data" / "lexicon.tsv.gz"
 
@@ -282,7 +282,6 @@ spokesperson senator governor mayor minister assistant
 _FEATURING = frozenset("featuring features starring starred feat".split())
 _BE = frozenset("is was are were be been being it's its".split())
 _CHANGING = frozenset("change changed changing update updated updating correct".split())
-_POSS = ("'s", "’s")
 # Family names that are English words too, after a name found: "kaya smith", "jo brown".
 _WORD_SURNAMES = frozenset("smith brown martin khan lee white green king young hall wood".split())
 # A word between a comma and the sentence's end: said to the reader ("see you, megan!").
