@@ -292,10 +292,13 @@ _AFTER_CUE = (
     _SAYING | _ROLE_NOUNS | _FEATURING | _RELATION_SET | _GIVING | _GIVEN_FORMS | _ADDING
     | frozenset(("to", "by", "under", "called"))
 )
-# The words after which ``_cued_names`` takes any name, one the table does not hold too.
-_STRONG_CUES = _SAYING | _ROLE_NOUNS | _FEATURING | _RELATION_SET | frozenset(("called",))
+# Works named after their author: "unlike the Rasmussen novel", "a kasai film".
+_WORKS = frozenset("novel novels film films movie movies song songs album albums poem poems memoir biography".split())
+_ARTICLES = frozenset(("the", "a", "an"))
+# The words around which ``_cued_names`` takes any name, one the table does not hold too.
+_STRONG_CUES = _SAYING | _ROLE_NOUNS | _FEATURING | _RELATION_SET | _WORKS | frozenset(("called",))
 _CUE_TRIGGERS = (
-    _SAYING | _ROLE_NOUNS | _FEATURING | _GIVEN_FORMS | _RELATION_SET | _ADDING
+    _SAYING | _ROLE_NOUNS | _FEATURING | _GIVEN_FORMS | _RELATION_SET | _ADDING | _WORKS
     | frozenset(("by", "under", "called")) | _CHANGING
 )
 
@@ -358,19 +361,30 @@ def _family_word(w: str, unknown_ok: bool) -> bool:
     return hit[1] > 0 and (hit[2] < 4.7 or hit[1] <= 20)
 
 
-_SURNAME_AFTER_RE = re.compile(r" ([^\W\d_][\w'’-]*)")
+# The particles of family names, any case: "van der Torre", "De Luca", "bin Salman".
+_SURNAME_PARTICLES = (
+    r"(?:van|von|de|der|den|di|da|du|del|della|dos|das|la|le|ter|ten|bin|ibn|al|el)"
+)
+_SURNAME_AFTER_RE = re.compile(
+    rf" ((?i:{_SURNAME_PARTICLES} ){{0,3}})([^\W\d_][\w'’-]*)"
+)
 
 
 def family_name_after(text: str, end: int, caseless: bool) -> int:
     """Where a name found to end at ``end`` ends with the family name after it, on the
     same line after one space: a family name somewhere (``_surname_next``'s test, but no
     word the table does not hold), capitalized in text with case ("kira mitchell" where a
-    model found "kira"); ``end`` if none follows."""
+    model found "kira"); after particles ("Roxy van der Torre", "Narciso De Luca", also
+    where the name found ends in one: "Roxy van") any word that is no English or function
+    word; ``end`` if none follows."""
     m = _SURNAME_AFTER_RE.match(text, end)
-    if m is None or (not caseless and not m.group(1)[0].isupper()):
+    if m is None or (not caseless and not m.group(2)[0].isupper()):
         return end
-    w = m.group(1).lower()
-    ok = _family_word(w, False) and w not in _NOT_PERSONS and w not in _country_names()
+    w = m.group(2).lower()
+    particles = bool(m.group(1)) or text[max(0, end - 4) : end].lower() in (" van", " von")
+    if particles and w in _STOP:
+        return end
+    ok = _family_word(w, particles) and w not in _NOT_PERSONS and w not in _country_names()
     return m.end() if ok else end
 
 
@@ -389,7 +403,10 @@ def _cued_names(
         w = ws[i]
         if w not in words:
             continue
-        cue_before = i and (ws[i - 1] in _AFTER_CUE or "," in text[offs[i - 1][1] : offs[i][0]])
+        work = 0 < i < n - 1 and ws[i - 1] in _ARTICLES and ws[i + 1] in _WORKS  # "the X novel"
+        cue_before = i and (
+            work or ws[i - 1] in _AFTER_CUE or "," in text[offs[i - 1][1] : offs[i][0]]
+        )
         if i and not cue_before and not (w.endswith(_POSS) and i + 1 < n):
             continue  # most words: nothing before them says a name follows
         s, e = offs[i]
@@ -411,6 +428,7 @@ def _cued_names(
             or (p1 == "to" and (p2 in _SAYING or p3 in _SAYING or p2 in _ROLE_NOUNS))
             or (p1 in _RELATION_SET and p2 in ("my", "our"))  # "my kid pomeroy"
             or (p1 == "called" and p2 in _BE)  # "she was called kirie takuda"
+            or (work and text[e : offs[i + 1][0]] == " ")  # "unlike the Rasmussen novel"
         )  # fmt: skip
         if strong:
             if not _open_name(w, True):

@@ -236,15 +236,18 @@ def _with_family_names(
     unless another span starts there."""
     if not any(ent.startswith("PERSON") for *_, ent in found):
         return found
-    starts = {s for s, _, _ in found}
+    starts = {s: ent for s, _, ent in found}
     out = []
+    merged: set[tuple[int, int, str]] = set()  # names the extension took in ("Roxy van" + "Torre")
     for s, e, ent in found:
         if ent.startswith("PERSON") and e < len(text) and text[e] == " " and (e + 1) not in starts:
             e2 = family_name_after(text, e, caseless)
-            if e2 > e and not any(e < st < e2 for st in starts):
+            inside = [d for d in found if e < d[0] < e2]
+            if e2 > e and all(d[2].startswith("PERSON") and d[1] <= e2 for d in inside):
+                merged.update(inside)
                 e = e2
         out.append((s, e, ent))
-    return out
+    return [d for d in out if d not in merged] if merged else out
 
 
 # Countries that are also given names in English: a person when the model says so.
@@ -256,7 +259,8 @@ _NAME_COUNTRIES = frozenset(("chad", "georgia", "jordan", "israel", "india", "ke
 _PLACE_BEFORE_RE = re.compile(
     r"(?i:\b(?:lives?|living|lived|based|located|situated|born|stationed|holiday|vacation)\s+in"
     r"|\bmoved?\s+(?:here\s+|there\s+)?(?:from|to)|\bmoving\s+(?:to|from)"
-    r"|\b(?:flew|flying|fly|travel(?:l?ing|l?ed)?|trip|relocat(?:e|ed|ing))\s+to)"
+    r"|\b(?:flew|flying|fly|travel(?:l?ing|l?ed)?|trip|relocat(?:e|ed|ing))\s+to"
+    r"|\b(?:i['’]?m|i\s+am|we['’]?re|we\s+are)\s+(?:now\s+|currently\s+)?in)"
     r"\s+(?:([^\W\d_]+)\s+)?$"  # a place's first word the model left ("stora vika", "são paulo")
 )
 
@@ -315,6 +319,23 @@ _ORG_END_CASED_RE = re.compile(rf"(?:^|\s)(?:(?i:{_ORG_FORMS})|{_ORG_FORMS_AS_WR
 _ORG_END_CASELESS_RE = re.compile(rf"(?i:(?:^|\s)(?:{_ORG_FORMS_CASELESS})\.?$)")
 # After a guessed name: "-182" makes it a brand ("Blink-182", "Covid-19").
 _BRAND_NUMBER_RE = re.compile(r"-\d")
+# After a guessed name, what makes it a place or a thing: a place's noun ("María Albina
+# bridge"), or "is a(n) ..." a company's or a work's noun ("Onstar is a design agency",
+# "Zoolander is a 1994 American action-comedy film"; not "a film director").
+_THING_AFTER_RE = re.compile(
+    r"(?i:[ \t]+(?:bridge|river|lake|airport|station|square|mountains?|valley|castle|cathedral"
+    r"|museum|stadium)\b"
+    r"|[ \t]+(?:is|was)[ \t]+an?[ \t]+(?:[\w-]+[ \t]+){0,5}?(?:company|corporation|bank|agency"
+    r"|firm|film|movie|novel|band|brand|restaurant|startup|newspaper|magazine)\b"
+    r"(?![ \t]+(?:manager|director|owner|clerk|teller|employee|worker|executive|officer|critic"
+    r"|star|producer|analyst|maker)))"
+)
+# A people's adjective before food or a place ("great Danish food", "a nice new
+# Norwegian place"): one word ending as most do, never a name ("tell John food is here").
+_PEOPLES_FOOD_RE = re.compile(
+    r"(?i:[ \t]+(?:food|cuisine|dishes|cooking|restaurants?|place|wine|beer)\b)"
+)
+_PEOPLES_END = ("ish", "ian", "ese", "ean", "ic", "ch", "ai", "an", "i")
 
 
 # The PERSON sources that read a word's likeness to a name, or a casual phrasing ("paid
@@ -341,14 +362,15 @@ def _no_organizations(
         (s, e, ent)
         for s, e, ent in found
         if ent not in _GUESSED_NAMES
-        or not (after.match(text, e) or end.search(text[s:e]) or _BRAND_NUMBER_RE.match(text, e))
+        or not (
+            after.match(text, e) or end.search(text[s:e]) or _BRAND_NUMBER_RE.match(text, e)
+            or _THING_AFTER_RE.match(text, e)
+            or (_PEOPLES_FOOD_RE.match(text, e) and " " not in text[s:e] and text[s:e].lower().endswith(_PEOPLES_END))
+        )  # fmt: skip
     ]
 
 
 def detect(text: str) -> list[Detection]:
-    """All PII in ``text``, non-overlapping, in order of position."""
-    if not text:
-        return []
     found, digits = _identifiers(text)
     caseless, scan, low = _case_forms(text)
     toks = None  # tokenized once, for whichever model needs it

@@ -729,6 +729,9 @@ class TokenModel:
         where the rare family name alone is not convincing."""
         scored = self.token_scores(text, caseless, rule_spans, blocked, toks)
         n = len(scored)
+        # No token of an identifier found before joins a run: the phone number on the
+        # line after a postal address ("Canada 55559\n613-249-4460") is not its postcode.
+        free = [not any(bs <= s and e <= be for bs, be in blocked) for s, e, *_ in scored] if blocked else None
         keep = [sc >= self.threshold for *_, sc in scored]
 
         person = self.kind == "PERSON"
@@ -752,6 +755,8 @@ class TokenModel:
         for i in range(n - 2, -1, -1):
             if not keep[i] and keep[i + 1] and scored[i][3] >= self.join and adjacent(i, i + 1):
                 keep[i] = True
+        if free is not None:
+            keep = [k and f for k, f in zip(keep, free, strict=True)]
         runs: list[list[int]] = []
         for i in range(n):
             if not keep[i]:

@@ -286,6 +286,16 @@ _LIST_RE = re.compile(
     re.IGNORECASE,
 )
 _LIST_ITEM_RE = re.compile(r"[^\W\d_]+")
+# People named as a group just before a list: "our 3 founders: Zweig, Coleman and Gray",
+# "my kids are ana, joe and sam", "the trustees, Peres, Powers and King".
+_LIST_CUE_RE = re.compile(
+    r"\b(?:co-?)?(?:founders|partners|owners|authors|directors|members|guests|speakers"
+    r"|attendees|participants|kids|children|sons|daughters|siblings|brothers|sisters|friends"
+    r"|colleagues|coworkers|co-workers|flatmates|roommates|housemates|trustees|executors"
+    r"|beneficiaries|signatories|parents|grandchildren|nephews|nieces|cousins)"
+    r"(?:[ \t]+(?:are|were|is|was))?[ \t]*[:,]?[ \t]*$",
+    re.IGNORECASE,
+)
 
 
 def _family_names(items: list[tuple[int, int, str]], hits: list) -> bool:
@@ -296,7 +306,7 @@ def _family_names(items: list[tuple[int, int, str]], hits: list) -> bool:
     for h, (*_, w) in zip(hits, items, strict=True):
         if w.lower() in _STOP:
             return False
-        if h is None:
+        if h is None or (not h[0] and not h[1] and h[2] < 3):  # unknown, or a rare word only
             if len(w) < 3:
                 return False
             rare += 1
@@ -306,6 +316,18 @@ def _family_names(items: list[tuple[int, int, str]], hits: list) -> bool:
         else:
             return False
     return family * 2 >= len(items) and rare * 2 >= len(items)
+
+
+def _cued_list_word(w: str, hit) -> bool:
+    """A word of a list of people ("founders: ..."): a first or family name somewhere
+    (rank 5,000 or better), or a word the table does not hold or holds as a rare word;
+    no function word and no common English word that is no name."""
+    low = w.lower()
+    if len(w) < 2 or low in _STOP:
+        return False
+    if hit is None:
+        return True
+    return (0 < hit[0] <= 5000 or 0 < hit[1] <= 5000) if hit[0] or hit[1] else hit[2] < 3
 
 
 def list_name_spans(
@@ -327,7 +349,9 @@ def list_name_spans(
         items = [(w.start(), w.end(), w.group()) for w in _LIST_ITEM_RE.finditer(m.group())]
         items = [(m.start() + s, m.start() + e, w) for s, e, w in items if w.lower() not in _AND]
         hits = [t.get(w.lower()) for *_, w in items]
-        if (caseless or all(w[0].isupper() for *_, w in items)) and _family_names(items, hits):
+        cased_ok = caseless or all(w[0].isupper() for *_, w in items)
+        if cased_ok and (_family_names(items, hits) or _LIST_CUE_RE.search(text, max(0, m.start() - 40), m.start())
+                         and all(_cued_list_word(w, h) for (*_, w), h in zip(items, hits, strict=True))):
             out += [(s, e) for s, e, _ in items]
             continue
         found = [any(ns <= s and e <= ne for ns, ne in names) for s, e, _ in items]

@@ -275,6 +275,29 @@ PHRASINGS = [
     ("address cue", "i live 5 minutes from main street", []),
     ("phone", "my number is 98765 43210", [("PHONE", "98765 43210")]),
     ("phone", "order 98765 43210 arrived", []),
+    # a family name's particles (pii.clauses.family_name_after)
+    ("family-name particle", "please transfer it to Roxy van der Torre today",
+     [("PERSON", "Roxy van der Torre")]),
+    ("family-name particle", "the card belongs to Narciso De Luca", [("PERSON", "Narciso De Luca")]),
+    ("family-name particle", "send it to marieke van den berg", [("PERSON", "marieke van den berg")]),
+    ("family-name particle", "send it to tom de facto", [("PERSON", "tom")]),
+    # people named as a group before a list (pii.phrases._LIST_CUE_RE)
+    ("people before a list", "our partners: Okafor, Lindqvist and Brandt",
+     [("PERSON", "Okafor"), ("PERSON", "Lindqvist"), ("PERSON", "Brandt")]),
+    ("people before a list", "our partners: banks, shops and cafes", []),
+    # a work named after its author (pii.clauses._WORKS)
+    ("the X novel", "have you read the okonkwo novel yet", [("PERSON", "okonkwo")]),
+    ("the X novel", "I watched the Netflix film", []),
+    # a place's or a thing's noun after a word that looks like a name
+    ("place or thing after", "Kalinowo bridge is closed again", []),
+    ("place or thing after", "Zentrix is a small design agency in Leeds", []),
+    ("place or thing after", "Ellie is a film director", [("PERSON", "Ellie")]),
+    ("people's adjective", "we had great Icelandic food there", []),
+    ("people's adjective", "tell Gareth food is ready", [("PERSON", "Gareth")]),
+    # an address block's last line, then a phone number: the phone is no postcode
+    ("address then phone", "Mia Lund\n\n12 Storgata 5\n Apt. 3\n Oslo\n Norway 0155\n+47 912 34 567",
+     [("PERSON", "Mia Lund"), ("ADDRESS", "12 Storgata 5\n Apt. 3\n Oslo\n Norway 0155"),
+      ("PHONE", "+47 912 34 567")]),
 ]
 
 
