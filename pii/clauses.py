@@ -459,10 +459,50 @@ def _cued_names(
     return out
 
 
+# What follows a sentence's subject when the subject is someone: "Ushurma is from ...",
+# "but Lothair just has to ...", "Rościsław had given ...".
+_SUBJECT_VERBS = frozenset(
+    "is was has had said says lives lived works worked wants wanted called sent paid just".split()
+)
+
+
+def _unknown_subjects(text: str, src: str, token_re, ws: list[str]) -> list[tuple[int, int]]:
+    """A word the name table does not hold (and no English, function or place word) as a
+    sentence's subject: at its start, after a pause or "but", "and", "so", right before
+    a verb of ``_SUBJECT_VERBS``; capitalized in text with case."""
+    t = table()
+    found = [
+        i for i in range(len(ws) - 1)
+        if ws[i + 1] in _SUBJECT_VERBS and ws[i] not in t and _open_name(ws[i], True)
+    ]  # fmt: skip
+    if not found:
+        return []  # most messages: no such word before such a verb
+    offs = [m.span() for m in token_re.finditer(src)]
+    caseless = _is_caseless(text)
+    out = []
+    for i in found:
+        s, e = offs[i]
+        if i and ws[i - 1] not in ("but", "and", "so") and not any(
+            c in text[offs[i - 1][1] : s] for c in _PAUSES
+        ):
+            continue
+        if text[e : offs[i + 1][0]] == " " and (caseless or text[s].isupper()):
+            out.append((s, e))
+    return out
+
+
 def clause_name_spans(text: str, words: Words | None = None) -> list[tuple[int, int]]:
     """The (start, end) of each name the clauses above put in a person's place. ``words``:
     ``text``'s ``message_words``, when the caller has them."""
     _, src, token_re, ws = words or message_words(text)
+    out = _clause_names(text, src, token_re, ws)
+    if not _SUBJECT_VERBS.isdisjoint(ws) and (subjects := _unknown_subjects(text, src, token_re, ws)):
+        return subjects + out
+    return out
+
+
+def _clause_names(text: str, src: str, token_re, ws: list[str]) -> list[tuple[int, int]]:
+    """``clause_name_spans`` but the unknown subjects."""
     cands, gate = _candidates()
     vocative = "," in src and _VOCATIVE_RE.search(src) is not None
     if gate.isdisjoint(ws) and not vocative:

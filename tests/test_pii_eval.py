@@ -294,6 +294,11 @@ PHRASINGS = [
     ("place or thing after", "Ellie is a film director", [("PERSON", "Ellie")]),
     ("people's adjective", "we had great Icelandic food there", []),
     ("people's adjective", "tell Gareth food is ready", [("PERSON", "Gareth")]),
+    # a word the name table does not hold as a sentence's subject (pii.clauses._unknown_subjects)
+    ("unknown subject", "zuberi said it was fine", [("PERSON", "zuberi")]),
+    ("unknown subject", "the app froze, but Oyelaran just has to wait", [("PERSON", "Oyelaran")]),
+    ("unknown subject", "Revolut is down again", []),
+    ("unknown subject", "klarna is charging me", []),
     # an address block's last line, then a phone number: the phone is no postcode
     ("address then phone", "Mia Lund\n\n12 Storgata 5\n Apt. 3\n Oslo\n Norway 0155\n+47 912 34 567",
      [("PERSON", "Mia Lund"), ("ADDRESS", "12 Storgata 5\n Apt. 3\n Oslo\n Norway 0155"),
