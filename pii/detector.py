@@ -236,7 +236,7 @@ def _with_family_names(
     unless another span starts there."""
     if not any(ent.startswith("PERSON") for *_, ent in found):
         return found
-    starts = {s: ent for s, _, ent in found}
+    starts = {s for s, _, _ in found}
     out = []
     merged: set[tuple[int, int, str]] = set()  # names the extension took in ("Roxy van" + "Torre")
     for s, e, ent in found:
@@ -371,6 +371,9 @@ def _no_organizations(
 
 
 def detect(text: str) -> list[Detection]:
+    """All PII in ``text``, non-overlapping, in order of position."""
+    if not text:
+        return []
     found, digits = _identifiers(text)
     caseless, scan, low = _case_forms(text)
     toks = None  # tokenized once, for whichever model needs it
