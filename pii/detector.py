@@ -277,11 +277,16 @@ def _no_countries(text: str, found: list[tuple[int, int, str]]) -> list[tuple[in
     """Without the PERSON spans the token model found on a country's name ("Slovenia",
     "czech republic": the name table holds many countries as rare given names) or right
     after a phrase that names a place ("lives in Stora Vika", "moved here from São
-    Paulo")."""
+    Paulo"). A span the model starts on an export's escaped line break ("\\nBrazil")
+    starts after it."""
     countries = None
     out = []
     for s, e, ent in found:
         if ent in ("PERSON~name-model", "PERSON~name-pair"):
+            if s and text[s - 1] == "\\" and text[s] in "nN":
+                s += 1  # an export's escaped line break: "\\nBrazil" is "Brazil"
+                if s >= e:
+                    continue
             if countries is None:
                 countries = _country_names()
             low = " ".join(text[s:e].lower().split())

@@ -299,6 +299,9 @@ PHRASINGS = [
     ("unknown subject", "the app froze, but Oyelaran just has to wait", [("PERSON", "Oyelaran")]),
     ("unknown subject", "Revolut is down again", []),
     ("unknown subject", "klarna is charging me", []),
+    # an export's escaped line break ("\\n" as two characters) before a word
+    ("escaped line break", "mia lund\\n\\nanna berg", [("PERSON", "mia lund"), ("PERSON", "anna berg")]),
+    ("escaped line break", "mia lund\\n\\noslo\\nnorway", [("PERSON", "mia lund")]),
     # an address block's last line, then a phone number: the phone is no postcode
     ("address then phone", "Mia Lund\n\n12 Storgata 5\n Apt. 3\n Oslo\n Norway 0155\n+47 912 34 567",
      [("PERSON", "Mia Lund"), ("ADDRESS", "12 Storgata 5\n Apt. 3\n Oslo\n Norway 0155"),
