@@ -60,7 +60,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--max-rank", type=int, default=4000)
     ap.add_argument("--english-words", type=int, default=60000)
-    ap.add_argument("--out", default=str(ROOT / "pipeline" / "pii_data" / "names.tsv.gz"))
+    ap.add_argument("--out", default=str(ROOT / "pii" / "data" / "names.tsv.gz"))
     args = ap.parse_args()
     data = Path(names_dataset.__file__).parent / "v3"
     first = _ranks(data / "first_names.pkl.gz", args.max_rank)
