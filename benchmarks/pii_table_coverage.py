@@ -24,7 +24,6 @@ import datetime as dt
 import gzip
 import json
 import os
-import pickle
 import platform
 import re
 import sys
@@ -34,28 +33,11 @@ ROOT = Path(__file__).resolve().parent.parent
 RANKS = (4000, 10000, 20000, 50000)
 
 
-def _ranks(path: Path) -> dict[str, int]:
-    """Each lower-cased Latin-script name's best rank in any country (as tools/pii_tables.py)."""
-    sys.path.insert(0, str(ROOT / "tools"))
-    from pii_tables import _fold, _latin
-
-    with gzip.open(path) as f:
-        table = pickle.load(f)
-    out: dict[str, int] = {}
-    for name, info in table.items():
-        ranks = info.get("rank") or {}
-        low = name.strip().lower()
-        if not ranks or not low or " " in low or not _latin(low):
-            continue
-        r = min(ranks.values())
-        for form in {low, _fold(low)}:
-            if form and (form not in out or r < out[form]):
-                out[form] = r
-    return out
-
-
 def main() -> None:
     import names_dataset
+
+    sys.path.insert(0, str(ROOT / "tools"))
+    from pii_tables import _ranks  # the table's own reading of names-dataset
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--results", type=Path, default=ROOT / "benchmarks" / "results" / "pii_table_coverage.json")
@@ -63,7 +45,7 @@ def main() -> None:
     with gzip.open(ROOT / "pii" / "data" / "names.tsv.gz", "rt", encoding="utf-8") as f:
         shipped = {line.split("\t", 1)[0] for line in f if not line.startswith(("#", "token\t"))}
     data = Path(names_dataset.__file__).parent / "v3"
-    first, last = _ranks(data / "first_names.pkl.gz"), _ranks(data / "last_names.pkl.gz")
+    first, last = (_ranks(data / f"{kind}_names.pkl.gz", 1 << 40) for kind in ("first", "last"))
     best = {w: min(r for r in (first.get(w), last.get(w)) if r) for w in first.keys() | last.keys()}
     tokens = []
     with open(ROOT / "data" / "pii_eval" / "presidio_tuned.jsonl", encoding="utf-8") as f:
