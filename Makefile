@@ -136,11 +136,12 @@ $(PII_TOOLS)/.installed: tools/requirements-pii.txt
 pii-corpus: $(PII_TOOLS)/.installed
 	$(PII_TOOLS)/bin/python tools/pii_corpus.py --out data/pii_eval
 
-# the trimmed name / English-word table (pii/data/names.tsv.gz) and the English lexicon
-# of word forms and their grammar (pii/data/lexicon.tsv.gz)
+# the English lexicon of word forms and their grammar (pii/data/lexicon.tsv.gz), then the
+# trimmed name / English-word table (pii/data/names.tsv.gz) and the rare names
+# (pii/data/rare_names.npz), which leave the lexicon's words out
 pii-tables: $(PII_TOOLS)/.installed
-	$(PII_TOOLS)/bin/python tools/pii_tables.py
 	$(PII_TOOLS)/bin/python tools/pii_lexicon.py
+	$(PII_TOOLS)/bin/python tools/pii_tables.py
 
 # the PERSON and ADDRESS token models (pii/data/token_models.json.gz)
 pii-models: $(VENV)/.installed

@@ -3,7 +3,7 @@
 The version is a hash over every project module in the entry module's import closure
 (imports at the top of a file and inside functions, followed through packages, two or
 ten levels down alike; a string literal that names a project module, such as the
-``"training.train"`` a stage launches with ``python -m``, counts as an import too) and the data files those packages ship (``pii/data/*.gz``: name
+``"training.train"`` a stage launches with ``python -m``, counts as an import too) and the data files those packages ship (``pii/data/``: name
 tables, model weights). Nothing is listed by hand, so a fix to a helper the stage
 imports is always a cache miss, and an edit to a module it never imports is not.
 

@@ -312,16 +312,28 @@ _ORG_FORMS = (  # in any case
 _ORG_FORMS_AS_WRITTEN = r"Limited|Group|SA|AG|NV|BV|AB|ASA|OYJ|SpA|SE|LP|Co"
 _ORG_FORMS_CASELESS = _ORG_FORMS + r"|ag|sa|nv|bv|se|oyj|asa|spa"
 _ORG_TAIL = r"(?i:[ \t]*,?[ \t]*(?:and|&)[ \t]+(?:sons|co|company|associates|partners)\b)"
+# Between the name and the form: a space (and a comma), or a full stop or a comma alone
+# ("Tokyo Tekko Co.,Ltd.", "Aigan Co.Ltd.").
+_ORG_SEP = r"(?:[ \t]*,?[ \t]+|[ \t]*[.,][ \t]*)"
 _ORG_AFTER_CASED_RE = re.compile(
     rf"(?:[ \t]+[A-Z][\w'’.-]*){{0,2}}?"
-    rf"(?:{_ORG_TAIL}|[ \t]*,?[ \t]+(?:(?i:{_ORG_FORMS})|{_ORG_FORMS_AS_WRITTEN})\b(?!-))"
+    rf"(?:{_ORG_TAIL}|{_ORG_SEP}(?:(?i:{_ORG_FORMS})|{_ORG_FORMS_AS_WRITTEN})\b(?!-))"
+)
+# Without case, one or two words between that are no function words ("gencan capital
+# inc.", "konoshima chemical co.ltd."; not "john at acme inc").
+_ORG_MID_CASELESS = (
+    r"[ \t]+(?!(?:and|or|the|a|an|of|at|to|from|for|with|in|on|by|is|was|my|your|his|her"
+    r"|our|their|me|him|them|us)\b)[^\W\d_][\w'’-]*"
 )
 _ORG_AFTER_CASELESS_RE = re.compile(
-    rf"{_ORG_TAIL}|(?i:[ \t]*,?[ \t]+(?:{_ORG_FORMS_CASELESS})\b(?!-))"
+    rf"{_ORG_TAIL}|(?i:(?:{_ORG_MID_CASELESS}){{0,2}}?{_ORG_SEP}(?:{_ORG_FORMS_CASELESS})\b(?!-))"
 )
 # A legal form as the span's own last word ("Biofrontera AG", "Musee Grevin SA").
-_ORG_END_CASED_RE = re.compile(rf"(?:^|\s)(?:(?i:{_ORG_FORMS})|{_ORG_FORMS_AS_WRITTEN})\.?$")
-_ORG_END_CASELESS_RE = re.compile(rf"(?i:(?:^|\s)(?:{_ORG_FORMS_CASELESS})\.?$)")
+# Or glued to the word before it ("The Keiyo BankLtd.", "Maxell HoldingsLtd.").
+_ORG_END_CASED_RE = re.compile(
+    rf"(?:^|\s)(?:(?i:{_ORG_FORMS})|{_ORG_FORMS_AS_WRITTEN})\.?$|[^\W\d_](?i:ltd)\.?$"
+)
+_ORG_END_CASELESS_RE = re.compile(rf"(?i:(?:^|\s)(?:{_ORG_FORMS_CASELESS})\.?$|[^\W\d_]ltd\.?$)")
 # After a guessed name: "-182" makes it a brand ("Blink-182", "Covid-19").
 _BRAND_NUMBER_RE = re.compile(r"-\d")
 # After a guessed name, what makes it a place or a thing: a place's noun ("María Albina

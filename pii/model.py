@@ -11,7 +11,9 @@ PERSON features:
 * how much of a name the word is: its best rank as a first and as a last name in any
   country (names-dataset), and how common it is as an English word (wordfreq), read from
   the trimmed table ``data/names.tsv.gz`` (``tools/pii_tables.py`` builds it; the
-  packages themselves hold 3 GB per process);
+  packages themselves hold 3 GB per process); in text without case, a name ranked 4,001
+  to 20,000 that the table does not hold (``data/rare_names.npz``, 700,000 names as
+  hashes) counts as a name ranked over 1,000;
 * its shape in text with case (capitalized, upper, lower, an initial; sentence start);
 * the words around it ("call me ___", "___'s account") and how name-like its neighbours
   are, also across a list ("reid, fletcher and smith");
@@ -61,6 +63,7 @@ from __future__ import annotations
 import bisect
 import functools
 import gzip
+import hashlib
 import json
 import math
 import re
@@ -69,6 +72,7 @@ from pathlib import Path
 
 DATA = Path(__file__).resolve().parent / "data"
 TABLE = DATA / "names.tsv.gz"
+RARE = DATA / "rare_names.npz"
 MODEL = DATA / "token_models.json.gz"
 
 # A word (letters, inner apostrophes and hyphens: o'neill, jean-luc), a number, or one
@@ -122,6 +126,38 @@ def table() -> dict[str, tuple[int, int, float]]:
     return out
 
 
+def rare_key(low: str) -> int:
+    """The key of a lower-cased word in ``rare_names()``: the first 8 bytes of its BLAKE2b
+    digest, an unsigned integer (stable across processes, unlike ``hash()``)."""
+    return int.from_bytes(hashlib.blake2b(low.encode("utf-8"), digest_size=8).digest(), "little")
+
+
+@functools.cache
+def rare_names() -> tuple[object, object]:
+    """The names ranked 4,001 to 20,000 in some country that ``table()`` does not hold
+    (``data/rare_names.npz``, 700,000, from names-dataset by ``tools/pii_tables.py``): their
+    keys (``rare_key``) sorted, and a code per key: 1 a first name, 2 a last name, 4 times
+    the Zipf bucket. Two numpy arrays, 9 bytes a name (6 MB), not a dict of strings: that
+    would cost several times ``table()``'s 90 MB in every process that masks. Two different
+    words share a key with a chance of about 1 in 10^13."""
+    import numpy as np
+
+    with np.load(RARE) as z:
+        return z["keys"], z["codes"]
+
+
+def _rare(low: str) -> tuple[str, str, str] | None:
+    """``word_class`` of a name of ``rare_names()``: ranked over 1,000 ("e") as a first or
+    a last name, with its Zipf bucket; None for a word that is none."""
+    keys, codes = rare_names()
+    k = rare_key(low)
+    i = int(keys.searchsorted(k))
+    if i == len(keys) or int(keys[i]) != k:
+        return None
+    c = int(codes[i])
+    return "e" if c & 1 else "0", "e" if c & 2 else "0", str(c >> 2)
+
+
 def _rank_bucket(r: int) -> str:
     if not r:
         return "0"
@@ -135,13 +171,17 @@ def _fold(low: str) -> str:
 
 
 @functools.lru_cache(maxsize=65536)
-def word_class(low: str) -> tuple[str, str, str]:
+def word_class(low: str, rare: bool = False) -> tuple[str, str, str]:
     """(first-rank bucket, last-rank bucket, Zipf bucket) of a lower-cased word; the Zipf
-    bucket is "u" for a word the table does not hold."""
+    bucket is "u" for a word the table does not hold. ``rare``: a name of ``rare_names()``
+    is a name ranked over 1,000 (the name model's features of text without case: there no
+    capital says that a word is a proper noun; in text with case the rare names, as often
+    a company's or a place's word as a person's, cost more precision than they gained
+    recall on the tuned folds, docs/BENCHMARKS.md)."""
     t = table()
     hit = t.get(low) or t.get(_fold(low))
     if hit is None:
-        return "0", "0", "u"
+        return (rare and (_rare(low) or _rare(_fold(low)))) or ("0", "0", "u")
     fr, lr, z = hit
     return _rank_bucket(fr), _rank_bucket(lr), str(min(int(z * 2), 14))
 
@@ -201,7 +241,7 @@ def tokenize(text: str) -> list[tuple[int, int, str]]:
 def person_own(tok: str, caseless: bool, bos: bool) -> tuple[str, ...]:
     """The PERSON features of a word by itself (cached: words repeat)."""
     low = tok.lower()
-    fb, lb, zb = word_class(low)
+    fb, lb, zb = word_class(low, caseless)
     sh = _shape(tok, caseless)
     own = (
         f"f:{fb}", f"l:{lb}", f"z:{zb}", f"fz:{fb}{zb}", f"lz:{lb}{zb}", f"fl:{fb}{lb}",
@@ -279,16 +319,16 @@ def person_context(
     n2 = _ctx(toks[i + 2][2]) if i + 2 < len(toks) else "$"
     ctx = [f"p1:{p1}", f"p2:{p2} {p1}", f"n1:{n1}", f"n2:{n1} {n2}"]
     if prev is not None and prev[0].isalpha():
-        pf, pl, pz = word_class(prev.lower())
+        pf, pl, pz = word_class(prev.lower(), caseless)
         ctx.append(f"pn:{pf}{pl}{pz}{_shape(prev, caseless)}{sh}")
     if nxt is not None and nxt[0].isalpha() and nxt != "'s":
-        nf, nl, nz = word_class(nxt.lower())
+        nf, nl, nz = word_class(nxt.lower(), caseless)
         ctx.append(f"nn:{nf}{nl}{nz}{_shape(nxt, caseless)}{sh}")
     # Lists ("reid, fletcher and smith"): the word across a comma or "and".
     if p1 in _LIST_JOINS and i > 1 and toks[i - 2][2][0].isalpha():
-        ctx.append(f"pl:{''.join(word_class(toks[i - 2][2].lower()))}{sh}")
+        ctx.append(f"pl:{''.join(word_class(toks[i - 2][2].lower(), caseless))}{sh}")
     if n1 in _LIST_JOINS and i + 2 < len(toks) and toks[i + 2][2][0].isalpha():
-        ctx.append(f"nl:{''.join(word_class(toks[i + 2][2].lower()))}{sh}")
+        ctx.append(f"nl:{''.join(word_class(toks[i + 2][2].lower(), caseless))}{sh}")
     if in_rule:
         ctx.append(f"r:{sh}")
     return ctx

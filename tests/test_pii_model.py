@@ -72,3 +72,18 @@ def test_a_typo_of_a_common_word_is_no_name_candidate() -> None:
         assert pm.swapped_common_word(word) and not pm.person_candidate(word), word
     for word in ("jhon", "micheal", "raechel", "nial", "sarah", "zainab"):
         assert pm.person_candidate(word), word
+
+
+def test_rare_names_are_names_without_case_only() -> None:
+    """The names ranked 4,001 to 20,000 (``rare_names``): a name of rank over 1,000 with its
+    Zipf bucket where the model reads text without case, unknown where a capital says more;
+    the table's own words and names-dataset's run-together words ("topup") are none."""
+    keys, codes = pm.rare_names()
+    assert len(keys) == len(codes) > 600_000 and bool(np.all(keys[1:] > keys[:-1]))
+    assert pm.word_class("mstislav", True)[0] == "e" and pm.word_class("mstislav", True)[2] != "u"
+    assert pm.word_class("mstislav") == ("0", "0", "u")
+    assert pm.word_class("mosudisa", True)[:2] == ("0", "e")  # a family name only
+    for word in ("topup", "isok", "moremoney", "token", "zzqx"):
+        assert pm.word_class(word, True) == ("0", "0", "u"), word
+    assert pm.word_class("sarah", True) == pm.word_class("sarah")  # the table's first
+    assert pm.rare_key("mstislav") == pm.rare_key("mstislav") != pm.rare_key("Mstislav")
