@@ -355,6 +355,8 @@ _PEOPLES_FOOD_RE = re.compile(
 _PEOPLES_END = ("ish", "ian", "ese", "ean", "ic", "ch", "ai", "an", "i")
 
 
+# A letter alone, perhaps with a full stop.
+_LONE_LETTER_RE = re.compile(r"[^\W\d_]\.?")
 # The PERSON sources that read a word's likeness to a name, or a casual phrasing ("paid
 # Samuel Heath and Sons Ltd"), not a cue that says a name follows ("my name is").
 _GUESSED_NAMES = frozenset(
@@ -452,6 +454,12 @@ def detect(text: str) -> list[Detection]:
     if not found:
         return []
     found = _no_organizations(text, _no_countries(text, found), caseless)
+    # A lone letter is an initial, a share class or a series ("Series H", "ETN U"), not a
+    # name: guessed names of one letter go (the cue rules' "Mr. K" stays).
+    found = [
+        d for d in found
+        if d[2] not in _GUESSED_NAMES or not _LONE_LETTER_RE.fullmatch(text, d[0], d[1])
+    ]
     # The other mentions of a name found once ("Toby West ... West was influenced").
     found += [
         (s, e, "PERSON~name-repeat")

@@ -315,6 +315,11 @@ PHRASINGS = [
     ("legal form", "she works at mareva chemical co.ltd. now", []),
     ("legal form", "i work at torvane capital inc. since march", []),
     ("legal form", "i sent it to john at acme inc", [("PERSON", "john")]),
+    # a lone letter the name model guessed: a share class, a series, no name
+    ("lone letter", "I work for Brackley Land Trust Inc. Pref. Series H", []),
+    ("lone letter", "my pension is in the ODEN GLOBAL ETN U", []),
+    ("lone letter", "We hold KESTREL RLTY CL L PRF shares", []),
+    ("lone letter", "Dr. J. Okafor will call", [("PERSON", "J. Okafor")]),
     # an address block's last line, then a phone number: the phone is no postcode
     ("address then phone", "Mia Lund\n\n12 Storgata 5\n Apt. 3\n Oslo\n Norway 0155\n+47 912 34 567",
      [("PERSON", "Mia Lund"), ("ADDRESS", "12 Storgata 5\n Apt. 3\n Oslo\n Norway 0155"),
