@@ -334,6 +334,27 @@ _ORG_END_CASED_RE = re.compile(
     rf"(?:^|\s)(?:(?i:{_ORG_FORMS})|{_ORG_FORMS_AS_WRITTEN})\.?$|[^\W\d_](?i:ltd)\.?$"
 )
 _ORG_END_CASELESS_RE = re.compile(rf"(?i:(?:^|\s)(?:{_ORG_FORMS_CASELESS})\.?$|[^\W\d_]ltd\.?$)")
+# A company's head noun after a guessed name and up to three more capitalized words
+# ("Hyundai Motor Company", "Nuveen Georgia Quality Municipal Income Fund", "Atlas Van
+# Lines", "First Trust Dorsey Wright People's Portfolio ETF"), as written in text with
+# case; without case only the nouns no one's name runs into ("konoshima pharmaceuticals").
+_ORG_HEADS = (
+    r"Company|Fund|Trust|Bank|Bancorp|Motors?|Airlines|Airways|Lines|Industries|Technologies"
+    r"|Therapeutics|Pharmaceuticals|Pharma|Biosciences|Entertainment|Communications|Financial"
+    r"|Capital|Partners|Portfolio|ETF|ETN|Foundation|Institute|University|Hospital|Foods"
+    r"|Energy|Systems|Solutions|Software|Labs|Media|Insurance|Realty|Properties|Resources"
+    r"|Networks|Logistics|Healthcare|Sciences|Acquisition|Enterprises|Ventures|Investments"
+    r"|Securities|Associates|Analytics"
+)
+_ORG_HEAD_CASED_RE = re.compile(rf"(?:[ \t]+[A-Z][\w'’.&-]*){{0,3}}?[ \t]+(?:{_ORG_HEADS})\b(?!-)")
+_ORG_HEAD_CASELESS_RE = re.compile(
+    r"(?i:[ \t]+(?:airlines|airways|industries|technologies|therapeutics|pharmaceuticals"
+    r"|biosciences|bancorp|realty|etf|etn)\b(?!-))"
+)
+# A guessed name that starts with a legal form ("Corp. Class B") or after a Japanese one
+# ("Kabushiki Kaisha Seiyoken").
+_ORG_START_RE = re.compile(r"(?i:(?:corp|inc|ltd|llc|plc|co|kabushiki)\b)")
+_ORG_BEFORE_RE = re.compile(r"(?i:kabushiki[ \t]+kaisha[ \t]+)$")
 # After a guessed name: "-182" makes it a brand ("Blink-182", "Covid-19").
 _BRAND_NUMBER_RE = re.compile(r"-\d")
 # After a guessed name, what makes it a place or a thing: a place's noun ("María Albina
@@ -377,12 +398,15 @@ def _no_organizations(
         return found
     after = _ORG_AFTER_CASELESS_RE if caseless else _ORG_AFTER_CASED_RE
     end = _ORG_END_CASELESS_RE if caseless else _ORG_END_CASED_RE
+    head = _ORG_HEAD_CASELESS_RE if caseless else _ORG_HEAD_CASED_RE
     return [
         (s, e, ent)
         for s, e, ent in found
         if ent not in _GUESSED_NAMES
         or not (
             after.match(text, e) or end.search(text[s:e]) or _BRAND_NUMBER_RE.match(text, e)
+            or head.match(text, e) or _ORG_START_RE.match(text, s)
+            or _ORG_BEFORE_RE.search(text, max(0, s - 40), s)
             or _THING_AFTER_RE.match(text, e)
             or (_PEOPLES_FOOD_RE.match(text, e) and " " not in text[s:e] and text[s:e].lower().endswith(_PEOPLES_END))
         )  # fmt: skip

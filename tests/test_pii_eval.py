@@ -320,6 +320,11 @@ PHRASINGS = [
     ("lone letter", "my pension is in the ODEN GLOBAL ETN U", []),
     ("lone letter", "We hold KESTREL RLTY CL L PRF shares", []),
     ("lone letter", "Dr. J. Okafor will call", [("PERSON", "J. Okafor")]),
+    # a company's head noun after a name-like word, a legal form before or at its start
+    ("company head noun", "vasquez therapeutics charged me twice", []),
+    ("company head noun", "Lindgren Capital Partners sent me a letter", []),
+    ("company head noun", "my pension sits in the Harlow Quality Municipal Income Fund", []),
+    ("company head noun", "please pay Ingrid Holm today", [("PERSON", "Ingrid Holm")]),
     # an address block's last line, then a phone number: the phone is no postcode
     ("address then phone", "Mia Lund\n\n12 Storgata 5\n Apt. 3\n Oslo\n Norway 0155\n+47 912 34 567",
      [("PERSON", "Mia Lund"), ("ADDRESS", "12 Storgata 5\n Apt. 3\n Oslo\n Norway 0155"),
