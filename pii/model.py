@@ -586,9 +586,15 @@ def address_like(toks: list[str]) -> bool:
     from pii import detector as pii
 
     words = [t.lower().rstrip(".") for t in toks if len(t) > 1 and t[0].isalpha()]
+    # The street's first word comes after a unit and its number ("flat 2, 9 mill lane").
+    street = [
+        t.lower().rstrip(".") for i, t in enumerate(toks)
+        if len(t) > 1 and t[0].isalpha()
+        and not (t.lower().rstrip(".") in _NO_STREET_NAMES and toks[i + 1 : i + 2] and toks[i + 1][0].isdigit())
+    ]
     return any(t[0].isdigit() for t in toks) and (
         any(w not in pii._EN_STREET_SET for w in words)
-        or (len(words) >= 2 and words[0] not in _NO_STREET_NAMES)
+        or (len(street) >= 2 and street[0] not in _NO_STREET_NAMES)
     )
 
 

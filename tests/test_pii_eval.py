@@ -325,6 +325,10 @@ PHRASINGS = [
     ("company head noun", "Lindgren Capital Partners sent me a letter", []),
     ("company head noun", "my pension sits in the Harlow Quality Municipal Income Fund", []),
     ("company head noun", "please pay Ingrid Holm today", [("PERSON", "Ingrid Holm")]),
+    # a unit and its number before the house number: the street's name comes after them
+    ("unit first", "we moved to flat 2, 9 mill lane last week", [("ADDRESS", "flat 2, 9 mill lane")]),
+    ("unit first", "send it to apartment 5, 14 park road", [("ADDRESS", "apartment 5, 14 park road")]),
+    ("unit first", "suite 12 is on the left", []),
     # an address block's last line, then a phone number: the phone is no postcode
     ("address then phone", "Mia Lund\n\n12 Storgata 5\n Apt. 3\n Oslo\n Norway 0155\n+47 912 34 567",
      [("PERSON", "Mia Lund"), ("ADDRESS", "12 Storgata 5\n Apt. 3\n Oslo\n Norway 0155"),
