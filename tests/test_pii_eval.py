@@ -394,10 +394,12 @@ def test_the_halves_are_apart() -> None:
 # PERSON 0.896/0.968. With names after a cue and an address's town and postcode
 # (2026-12-07, night): presidio PERSON 0.880/0.904, 0.860/0.931, 0.860/0.931; casual PERSON
 # 0.896/0.960, ADDRESS 0.923/0.923 (12 of 13: the recall target, which the floor now is).
+# With the rare names, lone letters and company head nouns (2026-12-07, evening): presidio
+# PERSON 0.880/0.909, 0.876/0.929, 0.877/0.929.
 FLOORS: dict[tuple[str, str, str], tuple[float, float]] = {
-    ("presidio", "cased", "PERSON"): (0.86, 0.88),
-    ("presidio", "lower", "PERSON"): (0.84, 0.91),
-    ("presidio", "upper", "PERSON"): (0.84, 0.91),
+    ("presidio", "cased", "PERSON"): (0.86, 0.89),
+    ("presidio", "lower", "PERSON"): (0.86, 0.91),
+    ("presidio", "upper", "PERSON"): (0.86, 0.91),
     **{("presidio", c, "ADDRESS"): (0.90, 0.90) for c in ("lower", "upper")},
     **{("casual", c, "PERSON"): (0.86, 0.93) for c in E.CASES},
     **{("casual", c, "ADDRESS"): (0.90, 0.90) for c in E.CASES},
@@ -408,8 +410,10 @@ FLOORS: dict[tuple[str, str, str], tuple[float, float]] = {
     # 0.835/0.921; ADDRESS 0.794/0.914, 0.794/0.912; PHONE 0.971/0.971 (34 of 35: the
     # target, which the floor now is). With names after a cue and an address's town and
     # postcode (that night): PERSON 0.845/0.922, 0.840/0.921; ADDRESS 0.794/0.917, 0.794/0.914.
-    **{("casual-fresh", c, "PERSON"): (0.82, 0.90) for c in E.CASES},
-    **{("casual-fresh", c, "ADDRESS"): (0.76, 0.88) for c in E.CASES},
+    # With the towns, the unknown subjects and the rare names (2026-12-07, evening): PERSON
+    # 0.856/0.922, 0.851/0.922; ADDRESS 0.824/0.919, 0.824/0.917 (28 of 34).
+    **{("casual-fresh", c, "PERSON"): (0.83, 0.90) for c in E.CASES},
+    **{("casual-fresh", c, "ADDRESS"): (0.79, 0.89) for c in E.CASES},
 }
 
 
