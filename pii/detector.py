@@ -95,9 +95,9 @@ from pii.model import address_like, tokenize
 from pii.names import _CAP_AFTER_SPACE_RE as _CAP_AFTER_SPACE_RE
 from pii.names import _CUED_CASED_RE as _CUED_CASED_RE
 from pii.names import _CUED_CASELESS_RE as _CUED_CASELESS_RE
+from pii.names import _NOT_NAMES, _cue_starts, _may_hold_cased_name, _names
 from pii.names import _RUN_RE as _RUN_RE
 from pii.names import _TITLES as _TITLES
-from pii.names import _cue_starts, _may_hold_cased_name, _names
 from pii.names import rule_name_spans as rule_name_spans
 from pii.phrases import (
     list_name_spans,
@@ -225,6 +225,78 @@ def _names_before_addresses(
                         s = rest
                     break
         out.append((s, e, ent))
+    return out
+
+
+# A line break, or an export's escaped one (the two characters "\n"; "\N" too in text
+# without case, upper-cased after it was escaped).
+_LINE_BREAK_RE = re.compile(r"\n|\\n")
+_LINE_BREAK_CASELESS_RE = re.compile(r"\n|\\[nN]")
+# A word of a name line: a name, an initial ("A", "J."), with hyphens and apostrophes.
+_NAME_LINE_WORD_RE = re.compile(r"[^\W\d_](?:[\w'’-]*[^\W\d_])?\.?")
+
+
+def _name_line(text: str, s: int, e: int, caseless: bool) -> tuple[int, int] | None:
+    """The span of the line ``text[s:e]`` (leading marks such as "}}" or "???" skipped) if it
+    reads as a person's name: 1 to 4 words of letters, each capitalized in text with case,
+    no closed-class word, the words that are no initials name candidates (not a common
+    English word unless a common name: ``pii.model.person_candidate``)."""
+    from pii.model import person_candidate
+
+    while s < e and not text[s].isalnum():
+        s += 1
+    while e > s and text[e - 1] in " \t.,":
+        e -= 1
+    words = text[s:e].split()
+    if not 1 <= len(words) <= 4 or not all(_NAME_LINE_WORD_RE.fullmatch(w) for w in words):
+        return None
+    full = [w.rstrip(".") for w in words if len(w.rstrip(".")) > 1]
+    if not full or (not caseless and not all(w[0].isupper() for w in words)):
+        return None
+    lows = [w.lower() for w in full]
+    if any(w in _NOT_NAMES for w in lows) or not all(person_candidate(w) for w in lows):
+        return None
+    return s, e
+
+
+def _addressees(text: str, found: list[tuple[int, int, str]], caseless: bool) -> list[tuple[int, int]]:
+    """The name line at the head of a postal address block: the block's first line (the
+    message's, or after a blank line), above the address's first line or above one more
+    line without digits (a company's: "Makkal A Sheripov\nLumen Technologies Inc.\n0028
+    Norra Larsmovägen 12"), when it reads as a name (``_name_line``): "Pomeroy
+    Lemelin\n\n2016 Via Solfatara 21\n Suite 423 ...". The envelope's convention, in
+    cased text and without case."""
+    heads = sorted(s for s, _, ent in found if ent.startswith("ADDRESS"))
+    breaks = _LINE_BREAK_CASELESS_RE if caseless else _LINE_BREAK_RE
+    if not heads or not breaks.search(text, 0, heads[-1]):
+        return []
+    lines, pos = [], 0  # (start, end) of each line
+    for m in breaks.finditer(text):
+        lines.append((pos, m.start()))
+        pos = m.end()
+    lines.append((pos, len(text)))
+
+    def blank(i: int) -> bool:
+        return not any(c.isalnum() for c in text[lines[i][0] : lines[i][1]])
+
+    out = []
+    for head in heads:
+        li = next((i for i, (ls, le) in enumerate(lines) if ls <= head <= le), None)
+        if li is None or any(c.isalnum() for c in text[lines[li][0] : head]):
+            continue  # the address starts inside an escaped break, or not at its line's start
+        j = li - 1
+        while j >= 0 and blank(j):
+            j -= 1
+        for _ in range(2):  # the name line, or a company's line and the name line above it
+            if j < 0:
+                break
+            first = j == 0 or blank(j - 1)
+            if first and (span := _name_line(text, *lines[j], caseless)):
+                out.append(span)
+                break
+            if any(c.isdigit() for c in text[lines[j][0] : lines[j][1]]) or first:
+                break
+            j -= 1
     return out
 
 
@@ -382,7 +454,7 @@ _LONE_LETTER_RE = re.compile(r"[^\W\d_]\.?")
 # Samuel Heath and Sons Ltd"), not a cue that says a name follows ("my name is").
 _GUESSED_NAMES = frozenset(
     ("PERSON~name-model", "PERSON~name-list", "PERSON~name-pair", "PERSON~name-phrase",
-     "PERSON~name-clause")
+     "PERSON~name-clause", "PERSON~name-block")
 )
 
 
@@ -474,6 +546,13 @@ def detect(text: str) -> list[Detection]:
                 text, [(s, e) for s, e, ent in found if ent.startswith("PERSON")], caseless
             )
         ]
+
+    # The name line at the head of an address block.
+    if (
+        digits is not None and ("\n" in text or "\\" in text)
+        and any(ent.startswith("ADDRESS") for *_, ent in found)
+    ):
+        found += [(s, e, "PERSON~name-block") for s, e in _addressees(text, found, caseless)]
 
     if not found:
         return []

@@ -329,6 +329,13 @@ PHRASINGS = [
     ("unit first", "we moved to flat 2, 9 mill lane last week", [("ADDRESS", "flat 2, 9 mill lane")]),
     ("unit first", "send it to apartment 5, 14 park road", [("ADDRESS", "apartment 5, 14 park road")]),
     ("unit first", "suite 12 is on the left", []),
+    # the name line at the head of an address block (pii.detector._addressees)
+    ("addressee line", "Guy Farrowby\n\n22 Rua Augusta 10\n Lisboa",
+     [("PERSON", "Guy Farrowby"), ("ADDRESS", "22 Rua Augusta 10\n Lisboa")]),
+    ("addressee line", "fern pitkethly\n\n22 rua augusta 10\n lisboa",
+     [("PERSON", "fern pitkethly"), ("ADDRESS", "22 rua augusta 10\n lisboa")]),
+    ("addressee line", "Card Services\n\n14 Fjordgata 3\n Bergen", [("ADDRESS", "14 Fjordgata 3\n Bergen")]),
+    ("addressee line", "New address below\n\n14 Fjordgata 3\n Bergen", [("ADDRESS", "14 Fjordgata 3\n Bergen")]),
     # an address block's last line, then a phone number: the phone is no postcode
     ("address then phone", "Mia Lund\n\n12 Storgata 5\n Apt. 3\n Oslo\n Norway 0155\n+47 912 34 567",
      [("PERSON", "Mia Lund"), ("ADDRESS", "12 Storgata 5\n Apt. 3\n Oslo\n Norway 0155"),

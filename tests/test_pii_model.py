@@ -87,3 +87,17 @@ def test_rare_names_are_names_without_case_only() -> None:
         assert pm.word_class(word, True) == ("0", "0", "u"), word
     assert pm.word_class("sarah", True) == pm.word_class("sarah")  # the table's first
     assert pm.rare_key("mstislav") == pm.rare_key("mstislav") != pm.rare_key("Mstislav")
+
+
+def test_an_address_starting_inside_an_escaped_line_break_names_no_addressee() -> None:
+    """The address model can start a span on the "n" of an export's escaped "\\n" (the
+    two characters): that address starts no line, and the addressee rule skips it instead
+    of failing the message."""
+    from pii import detector
+
+    text = "Mia Lund\\n\\nnStorgata 5\\nOslo"
+    head = text.index("\\nnStorgata") + 1  # the "n" of the escaped break
+    assert detector._addressees(text, [(head, len(text), "ADDRESS")], False) == []
+    start = text.index("nStorgata") + 1
+    assert detector._addressees(text, [(start, len(text), "ADDRESS")], False) == []
+    assert detector._addressees("Mia Lund\n\n12 Storgata 5", [(10, 23, "ADDRESS")], False) == [(0, 8)]
