@@ -579,18 +579,26 @@ def in_spans(toks: list[tuple[int, int, str]], spans: list[tuple[int, int]]) -> 
     return out
 
 
+# Prepositions and conjunctions, which name no street ("at 9 en route", "2 of them"; an
+# article can: "5 the paddock").
+_FUNCTION_WORDS = frozenset("of to in on at by for from with and or en".split())
+
+
 def address_like(toks: list[str]) -> bool:
     """A number and a word, and a street name besides the street type: some word that is
     not a street type ("12 oak st", "via roma 5"), or one before the last that is ("22
     pine ave", "3 park lane"); not "10 ways" or "2012 ford" (no street name)."""
     from pii import detector as pii
 
-    words = [t.lower().rstrip(".") for t in toks if len(t) > 1 and t[0].isalpha()]
+    words = [
+        w for t in toks if len(t) > 1 and t[0].isalpha()
+        and (w := t.lower().rstrip(".")) not in _FUNCTION_WORDS
+    ]
     # The street's first word comes after a unit and its number ("flat 2, 9 mill lane").
     street = [
-        t.lower().rstrip(".") for i, t in enumerate(toks)
-        if len(t) > 1 and t[0].isalpha()
-        and not (t.lower().rstrip(".") in _NO_STREET_NAMES and toks[i + 1 : i + 2] and toks[i + 1][0].isdigit())
+        w for i, t in enumerate(toks)
+        if len(t) > 1 and t[0].isalpha() and (w := t.lower().rstrip(".")) not in _FUNCTION_WORDS
+        and not (w in _NO_STREET_NAMES and toks[i + 1 : i + 2] and toks[i + 1][0].isdigit())
     ]
     return any(t[0].isdigit() for t in toks) and (
         any(w not in pii._EN_STREET_SET for w in words)
