@@ -128,7 +128,8 @@ france germany china india atm pin sepa iban bank banking card cards app account
 transfer money cash payment refund top exchange rate support team customer service
 disposable virtual physical contactless direct debit standing order urgent again
 so ref any cheers regards kind best also then now ps thanks
-""".split()
+mr mrs ms mx
+""".split()  # (not "dr": a street's "Drive" too)
 )
 # Extra words that stop a cue-less "Given Family" pair: calendar words are given names in
 # the Census lists (April, June, Monday is not, but May and August are).

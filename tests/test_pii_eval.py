@@ -329,6 +329,9 @@ PHRASINGS = [
     ("unit first", "we moved to flat 2, 9 mill lane last week", [("ADDRESS", "flat 2, 9 mill lane")]),
     ("unit first", "send it to apartment 5, 14 park road", [("ADDRESS", "apartment 5, 14 park road")]),
     ("unit first", "suite 12 is on the left", []),
+    # a title alone is no name ("Mr" was masked, "K" left)
+    ("title alone", "Dear Mr K, thanks for the call", []),
+    ("title alone", "Dear Mr. Kowalski, thanks for the call", [("PERSON", "Mr. Kowalski")]),
     # a preposition names no street (pii.model.address_like)
     ("preposition before a street type", "we were 9 en route to the airport", []),
     ("preposition before a street type", "i am en route to 14 mill lane", [("ADDRESS", "14 mill lane")]),
