@@ -468,8 +468,14 @@ _PLAIN_TYPES = (
 _CUE_SRC = rf"(?<![\w'’])(?:({_RESIDENCE_CUE})|{_SENDING_CUE})\s+(?:the\s+)?"
 # A house number and a street ending in a street type ("19 station approach") or a named
 # close ("5 the paddock"), before a pause or the end.
+# Words that end a message after a named close, not its own ("5 the crescent now").
+_END_WORDS = (
+    r"(?:now|today|tonight|yesterday|tomorrow|please|thanks|too|again|already|anymore"
+    r"|instead|though|sorry)\b"
+)
 _CUED_BODY_SRC = (
-    rf"{_CUE_HOUSE}(?:the\s+{_CUE_WORD}(?:\s+{_CUE_WORD})?(?=\s*(?:[,.!?;)]|$|\n))"
+    rf"{_CUE_HOUSE}(?:the\s+{_CUE_WORD}(?:\s+(?!{_END_WORDS}){_CUE_WORD})?"
+    rf"(?=\s*(?:[,.!?;)]|$|\n)|\s+{_END_WORDS})"
     rf"|(?:{_CUE_WORD}\s+){{0,3}}{_SUFFIX_EN}\b\.?)"
 )
 # After where someone lives, a street without a number: "i live on maple street".

@@ -329,6 +329,9 @@ PHRASINGS = [
     ("unit first", "we moved to flat 2, 9 mill lane last week", [("ADDRESS", "flat 2, 9 mill lane")]),
     ("unit first", "send it to apartment 5, 14 park road", [("ADDRESS", "apartment 5, 14 park road")]),
     ("unit first", "suite 12 is on the left", []),
+    # a named close ends before the word that ends the message
+    ("named close", "im at 5 the crescent now", [("ADDRESS", "5 the crescent")]),
+    ("named close", "we moved to 12 the green please", [("ADDRESS", "12 the green")]),
     # a title alone is no name ("Mr" was masked, "K" left)
     ("title alone", "Dear Mr K, thanks for the call", []),
     ("title alone", "Dear Mr. Kowalski, thanks for the call", [("PERSON", "Mr. Kowalski")]),
