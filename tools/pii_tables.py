@@ -28,9 +28,11 @@ from __future__ import annotations
 
 import argparse
 import gzip
+import io
 import pickle
 import sys
 import unicodedata
+import zipfile
 from pathlib import Path
 
 import numpy as np
@@ -124,10 +126,19 @@ def main() -> None:
     if len(np.unique(keys)) != len(keys):
         raise SystemExit("two rare names share a key")
     rare_dest = Path(args.rare_out)
-    with open(rare_dest, "wb") as f:
-        np.savez(f, keys=keys, codes=np.array([c for _, c in keyed], dtype=np.uint8),
-                 about=np.array(f"{version}; names ranked {args.max_rank + 1} to {args.rare_max_rank} "
-                                f"in some country that {dest.name} does not hold"))
+    arrays = {
+        "keys": keys,
+        "codes": np.array([c for _, c in keyed], dtype=np.uint8),
+        "about": np.array(f"{version}; names ranked {args.max_rank + 1} to {args.rare_max_rank} "
+                          f"in some country that {dest.name} does not hold"),
+    }
+    # An .npz as np.savez writes it, but with fixed entry dates: the same inputs give the
+    # same bytes (np.savez stamps each entry with the current time).
+    with zipfile.ZipFile(rare_dest, "w", zipfile.ZIP_STORED) as z:
+        for name, arr in arrays.items():
+            buf = io.BytesIO()
+            np.lib.format.write_array(buf, arr, allow_pickle=False)
+            z.writestr(zipfile.ZipInfo(f"{name}.npy", date_time=(1980, 1, 1, 0, 0, 0)), buf.getvalue())
     print(f"{rare_dest}: {len(keys)} names, {rare_dest.stat().st_size / 1e6:.1f} MB")
 
 
