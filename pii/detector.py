@@ -300,6 +300,51 @@ def _addressees(text: str, found: list[tuple[int, int, str]], caseless: bool) ->
     return out
 
 
+def _lines(text: str, breaks: re.Pattern[str]) -> list[tuple[int, int]]:
+    """(start, end) of each line of ``text``, split at ``breaks``."""
+    lines, pos = [], 0
+    for m in breaks.finditer(text):
+        lines.append((pos, m.start()))
+        pos = m.end()
+    lines.append((pos, len(text)))
+    return lines
+
+
+def _no_town_lines(
+    text: str, found: list[tuple[int, int, str]], caseless: bool
+) -> list[tuple[int, int, str]]:
+    """Without a guessed name that fills a postal block's town line: below a name line and
+    a blank line, right above a country's line (and postcode): "Željko Jovanović\n\nSão
+    Paulo\nBrazil", "Arnaude L'Heureux\n\nRancho Santa Margarita\nUnited States".
+    Not "hi\nLayla Bird\nBrazil" (no blank line above)."""
+    persons = [(s, e) for s, e, ent in found if ent.startswith("PERSON")]
+    if len(persons) < 2:
+        return found
+    breaks = _LINE_BREAK_CASELESS_RE if caseless else _LINE_BREAK_RE
+    lines = _lines(text, breaks)
+    if len(lines) < 4:
+        return found
+    countries = _country_names()
+
+    def words(i: int) -> str:
+        return " ".join(text[lines[i][0] : lines[i][1]].strip(" \t.,;:!?-}{[]()*#>").split())
+
+    out = []
+    for s, e, ent in found:
+        if ent in _GUESSED_NAMES:
+            k = next((i for i, (ls, le) in enumerate(lines) if ls <= s and e <= le), None)
+            if (
+                k is not None and 2 <= k < len(lines) - 1
+                and not any(c.isdigit() for c in words(k))
+                and not words(k - 1)
+                and any(lines[k - 2][0] <= ps and pe <= lines[k - 2][1] for ps, pe in persons)
+                and words(k + 1).rstrip("0123456789 ").lower() in countries
+            ):
+                continue
+        out.append((s, e, ent))
+    return out
+
+
 def _with_family_names(
     text: str, found: list[tuple[int, int, str]], caseless: bool
 ) -> list[tuple[int, int, str]]:
@@ -557,6 +602,8 @@ def detect(text: str) -> list[Detection]:
     if not found:
         return []
     found = _no_organizations(text, _no_countries(text, found), caseless)
+    if "\n" in text or "\\" in text:
+        found = _no_town_lines(text, found, caseless)
     # A lone letter is an initial, a share class or a series ("Series H", "ETN U"), not a
     # name: guessed names of one letter go (the cue rules' "Mr. K" stays).
     found = [

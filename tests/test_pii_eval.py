@@ -329,6 +329,9 @@ PHRASINGS = [
     ("unit first", "we moved to flat 2, 9 mill lane last week", [("ADDRESS", "flat 2, 9 mill lane")]),
     ("unit first", "send it to apartment 5, 14 park road", [("ADDRESS", "apartment 5, 14 park road")]),
     ("unit first", "suite 12 is on the left", []),
+    # a postal block's town line (below a name and a blank line, above a country) is no name
+    ("town line", "Ines Okafor\n\nVila Nova de Gaia\nPortugal", [("PERSON", "Ines Okafor")]),
+    ("town line", "hi\nLayla Bird\nBrazil", [("PERSON", "Layla Bird")]),
     # a named close ends before the word that ends the message
     ("named close", "im at 5 the crescent now", [("ADDRESS", "5 the crescent")]),
     ("named close", "we moved to 12 the green please", [("ADDRESS", "12 the green")]),
