@@ -466,13 +466,13 @@ _PLAIN_TYPES = (
 # Read in the lower case (a case-sensitive pattern runs several times faster than an
 # IGNORECASE one), or, where lower-casing moves offsets ("İ"), in the text, ignoring case.
 _CUE_SRC = rf"(?<![\w'’])(?:({_RESIDENCE_CUE})|{_SENDING_CUE})\s+(?:the\s+)?"
-# A house number and a street ending in a street type ("19 station approach") or a named
-# close ("5 the paddock"), before a pause or the end.
 # Words that end a message after a named close, not its own ("5 the crescent now").
 _END_WORDS = (
     r"(?:now|today|tonight|yesterday|tomorrow|please|thanks|too|again|already|anymore"
     r"|instead|though|sorry)\b"
 )
+# A house number and a street ending in a street type ("19 station approach") or a named
+# close ("5 the paddock"), before a pause, the end or one of those words.
 _CUED_BODY_SRC = (
     rf"{_CUE_HOUSE}(?:the\s+{_CUE_WORD}(?:\s+(?!{_END_WORDS}){_CUE_WORD})?"
     rf"(?=\s*(?:[,.!?;)]|$|\n)|\s+{_END_WORDS})"

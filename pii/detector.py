@@ -236,6 +236,16 @@ _LINE_BREAK_CASELESS_RE = re.compile(r"\n|\\[nN]")
 _NAME_LINE_WORD_RE = re.compile(r"[^\W\d_](?:[\w'’-]*[^\W\d_])?\.?")
 
 
+def _lines(text: str, breaks: re.Pattern[str]) -> list[tuple[int, int]]:
+    """(start, end) of each line of ``text``, split at ``breaks``."""
+    lines, pos = [], 0
+    for m in breaks.finditer(text):
+        lines.append((pos, m.start()))
+        pos = m.end()
+    lines.append((pos, len(text)))
+    return lines
+
+
 def _name_line(text: str, s: int, e: int, caseless: bool) -> tuple[int, int] | None:
     """The span of the line ``text[s:e]`` (leading marks such as "}}" or "???" skipped) if it
     reads as a person's name: 1 to 4 words of letters, each capitalized in text with case,
@@ -270,11 +280,7 @@ def _addressees(text: str, found: list[tuple[int, int, str]], caseless: bool) ->
     breaks = _LINE_BREAK_CASELESS_RE if caseless else _LINE_BREAK_RE
     if not heads or not breaks.search(text, 0, heads[-1]):
         return []
-    lines, pos = [], 0  # (start, end) of each line
-    for m in breaks.finditer(text):
-        lines.append((pos, m.start()))
-        pos = m.end()
-    lines.append((pos, len(text)))
+    lines = _lines(text, breaks)
 
     def blank(i: int) -> bool:
         return not any(c.isalnum() for c in text[lines[i][0] : lines[i][1]])
@@ -298,16 +304,6 @@ def _addressees(text: str, found: list[tuple[int, int, str]], caseless: bool) ->
                 break
             j -= 1
     return out
-
-
-def _lines(text: str, breaks: re.Pattern[str]) -> list[tuple[int, int]]:
-    """(start, end) of each line of ``text``, split at ``breaks``."""
-    lines, pos = [], 0
-    for m in breaks.finditer(text):
-        lines.append((pos, m.start()))
-        pos = m.end()
-    lines.append((pos, len(text)))
-    return lines
 
 
 def _no_town_lines(

@@ -590,15 +590,16 @@ def address_like(toks: list[str]) -> bool:
     pine ave", "3 park lane"); not "10 ways" or "2012 ford" (no street name)."""
     from pii import detector as pii
 
-    words = [
-        w for t in toks if len(t) > 1 and t[0].isalpha()
-        and (w := t.lower().rstrip(".")) not in _FUNCTION_WORDS
+    # (position, word) of the words that can name a street
+    named = [
+        (i, w) for i, t in enumerate(toks)
+        if len(t) > 1 and t[0].isalpha() and (w := t.lower().rstrip(".")) not in _FUNCTION_WORDS
     ]
+    words = [w for _, w in named]
     # The street's first word comes after a unit and its number ("flat 2, 9 mill lane").
     street = [
-        w for i, t in enumerate(toks)
-        if len(t) > 1 and t[0].isalpha() and (w := t.lower().rstrip(".")) not in _FUNCTION_WORDS
-        and not (w in _NO_STREET_NAMES and toks[i + 1 : i + 2] and toks[i + 1][0].isdigit())
+        w for i, w in named
+        if not (w in _NO_STREET_NAMES and i + 1 < len(toks) and toks[i + 1][0].isdigit())
     ]
     return any(t[0].isdigit() for t in toks) and (
         any(w not in pii._EN_STREET_SET for w in words)
