@@ -117,6 +117,11 @@ def build_parser() -> argparse.ArgumentParser:
                       run_id=False)
     mc.add_argument("--end", type=float, help="the window's end, Unix time (default: now)")
     mc.add_argument("--check-id", help="the check's folder under <lake>/monitoring/ (default: check_<end>)")
+    sa = _with_config(sub.add_parser(
+        "spark-archive", help="build the class-data-sharing archive of the Spark JVM's classes "
+        "that spark.class_archive names (once per machine; rebuild after a JVM or Spark upgrade)"),
+        run_id=False)
+    sa.add_argument("--out", help="where to write it (default: spark.class_archive)")
     s = sub.add_parser("summary", help="print a run's per-stage summary")
     s.add_argument("--run-id", help="default: the latest finished run")
     s.add_argument("--config", help="YAML config file")
@@ -178,7 +183,29 @@ def _handler(args: argparse.Namespace) -> Callable[[argparse.Namespace], int]:
     return {"audit": _audit, "stages": _stages, "run": _run, "up": _services, "down": _services,
             "cluster-up": _services, "cluster-down": _services,
             "services": _services, "summary": _summary, "leak-scan": _leak_scan,
-            "evaluate": _evaluate, "review-pull": _review_pull, "monitor": _monitor}[args.cmd]
+            "evaluate": _evaluate, "review-pull": _review_pull, "monitor": _monitor,
+            "spark-archive": _spark_archive}[args.cmd]
+
+
+def _spark_archive(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from jobs.spark.class_archive import ArchiveError, build
+
+    cfg = _config(args)
+    out = Path(args.out) if args.out else cfg.spark.archive_path()
+    if out is None:
+        print("ERROR: no archive path: pass --out or set spark.class_archive", file=sys.stderr)
+        return 2
+    t0 = time.monotonic()
+    try:
+        path = build(out, cfg.spark.java_options)
+    except ArchiveError as exc:
+        print(f"ERROR: {exc}", file=sys.stderr)
+        return 2
+    print(f"wrote {path} ({path.stat().st_size / 1e6:.0f} MB) in {time.monotonic() - t0:.0f}s; "
+          "spark.class_archive uses it when it names this file")
+    return 0
 
 
 def _review_pull(args: argparse.Namespace) -> int:

@@ -18,7 +18,9 @@ def spark():
     from core.config import load_config
     from jobs.spark.common import get_spark
 
-    cfg = load_config(overrides={"spark.master": "local[2]", "spark.shuffle_partitions": 2})
+    cfg = load_config(overrides={"spark.master": "local[2]", "spark.shuffle_partitions": 2,
+                                 "spark.java_options": FAST_PIPELINE_ENV["INTENTOPS__SPARK__JAVA_OPTIONS"],
+                                 "spark.class_archive": FAST_PIPELINE_ENV["INTENTOPS__SPARK__CLASS_ARCHIVE"]})
     session = get_spark(cfg, "intentops-tests")
     yield session
     session.stop()
@@ -81,6 +83,9 @@ FAST_PIPELINE_ENV = {
     # The JIT's optimizing compiler costs a short spark-submit about 40% of its CPU (the
     # suite's two workers share two cores): C1 only (spark.java_options, docs/BENCHMARKS.md).
     "INTENTOPS__SPARK__JAVA_OPTIONS": "-XX:TieredStopAtLevel=1",
+    # The class archive `make test` builds (make spark-archive): Spark's classes mapped, not
+    # loaded, at each spark-submit (unused if missing).
+    "INTENTOPS__SPARK__CLASS_ARCHIVE": str(Path(sys.prefix) / "spark-classes.jsa"),
 }
 
 

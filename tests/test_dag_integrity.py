@@ -270,16 +270,22 @@ def test_the_other_nodes_of_a_multi_node_training_start_beside_the_train_task(da
         ranks.python_callable(None)
 
 
-@pytest.mark.parametrize("options", ["", "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"])
-def test_spark_stages_submit_with_the_run_configs_memory_and_jvm_options(dagbag, tmp_path, monkeypatch, options):
-    """The Spark tasks read the driver memory and ``spark.java_options`` from the run's
-    resolved config at run time: what they hand spark-submit (no JVM is started here)."""
+@pytest.mark.parametrize(("options", "archive"), [("", False), ("-XX:TieredStopAtLevel=1 -XX:+UseSerialGC", False),
+                                                  ("-XX:TieredStopAtLevel=1", True), ("", True)])
+def test_spark_stages_submit_with_the_run_configs_memory_and_jvm_options(dagbag, tmp_path, monkeypatch, options,
+                                                                         archive):
+    """The Spark tasks read the driver memory, ``spark.java_options`` and the class archive
+    (``spark.class_archive``, when its file exists on the worker) from the run's resolved
+    config at run time: what they hand spark-submit (no JVM is started here)."""
     from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
 
     from core.config import load_config
 
+    jsa = tmp_path / "classes.jsa"
+    if archive:
+        jsa.write_bytes(b"archive")
     cfg = load_config(overrides={"lake_root": str(tmp_path / "lake"), "spark.driver_memory": "3g",
-                                 "spark.java_options": options})
+                                 "spark.java_options": options, "spark.class_archive": str(jsa)})
     resolved = tmp_path / "config.json"
     resolved.write_text(cfg.model_dump_json())
     seen = {}
@@ -292,5 +298,6 @@ def test_spark_stages_submit_with_the_run_configs_memory_and_jvm_options(dagbag,
     task.execute({})
     assert seen["memory"] == "3g"
     java = {k: v for k, v in seen["conf"].items() if k.endswith("extraJavaOptions")}
-    assert java == ({"spark.driver.extraJavaOptions": options, "spark.executor.extraJavaOptions": options}
-                    if options else {})
+    expected = f"{options} -XX:SharedArchiveFile={jsa}".strip() if archive else options
+    assert java == ({"spark.driver.extraJavaOptions": expected, "spark.executor.extraJavaOptions": expected}
+                    if expected else {})
