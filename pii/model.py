@@ -100,12 +100,17 @@ _LIST_JOINS = frozenset((",", "and", "or", "&", "/"))
 _NEVER_NAMES = frozenset("""
 monday tuesday wednesday thursday friday saturday sunday bye goodbye hi hello hey hiya
 thanks thank thx cheers regards ok okay yes yeah yep no nope please pls sorry um uh erm
-hmm lol
+hmm lol yo heya howdy
 none nor neither yours hers ours theirs whom whereas whilst hence thus therefore otherwise
 beneath beside beyond throughout underneath amid onto toward unless
 amex mastercard maestro paypal venmo zelle revolut monzo klarna alipay wechat cashapp gpay
 transferwise barclays natwest santander hsbc
-""".split())
+cardholder cardholders accountholder accountholders payslip payslips homeowner homeowners
+username usernames passcode passcodes password passwords paycheck paychecks chargeback
+chargebacks cashback topup topups contactless payee payees payer payers remitter remitters
+overdraft overdrafts chequebook chequebooks checkbook checkbooks login logins signup ewallet
+e-wallet fintech neobank
+""".split())  # (the banking words above: Zipf under 5, so candidates otherwise)
 
 
 # Street types that name no street before another: unit words ("flat 2 ..."; "flat" is a

@@ -83,7 +83,7 @@ _NAME_KINDS = _FAMILY_KINDS | frozenset(("first", "given", "middle"))
 _GO_SUBJECTS = frozenset(("i", "we", "he", "she", "they", "friends", "everyone", "people"))
 _GREETINGS = frozenset("hi hey hello hiya heya morning evening afternoon yo".split())
 _I_AM = frozenset(("i'm", "i’m", "im", "it's", "it’s", "its", "name's", "name’s"))
-_AFTER_GREETING = frozenset(("here", "speaking", "from", "and"))
+_AFTER_GREETING = frozenset(("here", "speaking", "from", "and", "again"))
 # Words before "to" that make the next word a payee: "sent money to paulo", "transferred
 # 50 to kwame", "a payment to olumide" (numbers are no words here: "sent £20 to dave").
 _PAYEE_BEFORE = frozenset("""

@@ -348,6 +348,13 @@ PHRASINGS = [
      [("PERSON", "fern pitkethly"), ("ADDRESS", "22 rua augusta 10\n lisboa")]),
     ("addressee line", "Card Services\n\n14 Fjordgata 3\n Bergen", [("ADDRESS", "14 Fjordgata 3\n Bergen")]),
     ("addressee line", "New address below\n\n14 Fjordgata 3\n Bergen", [("ADDRESS", "14 Fjordgata 3\n Bergen")]),
+    # "it's <name> again" introduces a name at the message's start; a greeting is no name
+    ("it's ... again", "its mike again, any update", [("PERSON", "mike")]),
+    ("it's ... again", "its declined again", []),
+    ("greeting", "yo, this is ravi", [("PERSON", "ravi")]),
+    # banking words are no names, whatever the phrasing before them
+    ("banking word", "is it possible to add my wife as a second cardholder", []),
+    ("banking word", "add magdalena as a cardholder", [("PERSON", "magdalena")]),
     # an address block's last line, then a phone number: the phone is no postcode
     ("address then phone", "Mia Lund\n\n12 Storgata 5\n Apt. 3\n Oslo\n Norway 0155\n+47 912 34 567",
      [("PERSON", "Mia Lund"), ("ADDRESS", "12 Storgata 5\n Apt. 3\n Oslo\n Norway 0155"),
