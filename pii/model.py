@@ -813,7 +813,12 @@ class TokenModel:
             if not keep[i] and keep[i - 1] and scored[i][3] >= self.join and adjacent(i - 1, i):
                 keep[i] = True
         for i in range(n - 2, -1, -1):
-            if not keep[i] and keep[i + 1] and scored[i][3] >= self.join and adjacent(i, i + 1):
+            if (
+                not keep[i] and keep[i + 1] and scored[i][3] >= self.join and adjacent(i, i + 1)
+                # An address grows to the lines below it (town, country), not up onto the
+                # line above ("Mia Lund\n12 Storgata 5": the addressee is no address).
+                and (person or "\n" not in text[scored[i][1] : scored[i + 1][0]])
+            ):
                 keep[i] = True
         if free is not None:
             keep = [k and f for k, f in zip(keep, free, strict=True)]

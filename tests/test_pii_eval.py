@@ -355,6 +355,11 @@ PHRASINGS = [
     # banking words are no names, whatever the phrasing before them
     ("banking word", "is it possible to add my wife as a second cardholder", []),
     ("banking word", "add magdalena as a cardholder", [("PERSON", "magdalena")]),
+    # an address grows down to its town's line, not up onto the addressee's line
+    ("address below a name", "}}Brigitte Friedman\n}}Unicycive Therapeutics Inc.\n}}Brigitte Friedman\n"
+     "}}636 59 Guild Street\n}}Suite 258\n}}LONDON",
+     [("PERSON", "Brigitte Friedman"), ("PERSON", "Brigitte Friedman"),
+      ("ADDRESS", "636 59 Guild Street\n}}Suite 258")]),
     # an address block's last line, then a phone number: the phone is no postcode
     ("address then phone", "Mia Lund\n\n12 Storgata 5\n Apt. 3\n Oslo\n Norway 0155\n+47 912 34 567",
      [("PERSON", "Mia Lund"), ("ADDRESS", "12 Storgata 5\n Apt. 3\n Oslo\n Norway 0155"),
