@@ -568,6 +568,32 @@ def _after_blank_line(
     return run
 
 
+def _after_time(run: list[int], scored: list[tuple[int, int, str, float]], text: str) -> list[int]:
+    """A run without its first token when that is a time's minutes ("at 10:02, Carys
+    Jones wrote": "02" is no house number)."""
+    s = scored[run[0]][0]
+    if s >= 2 and text[s - 1] == ":" and text[s - 2].isdigit() and scored[run[0]][2].isdigit():
+        return run[1:]
+    return run
+
+
+# The first word of a message's closing line ("Cheers\nBen", "Kind regards,"): an address
+# block ends above it.
+_CLOSING_WORDS = frozenset("""
+cheers thanks thank thx ta regards kind best sincerely yours many love bye warm warmest
+""".split())
+
+
+def _before_closing(
+    run: list[int], scored: list[tuple[int, int, str, float]], text: str
+) -> list[int]:
+    """A run cut before a line that starts with a closing word ("... RG21 5TT\n\nCheers\nBen")."""
+    for k in range(1, len(run)):
+        if scored[run[k]][2].lower() in _CLOSING_WORDS and "\n" in text[scored[run[k - 1]][1] : scored[run[k]][0]]:
+            return run[:k]
+    return run
+
+
 def in_spans(toks: list[tuple[int, int, str]], spans: list[tuple[int, int]]) -> set[int]:
     """The indices of the tokens that lie wholly inside one of ``spans`` (the rules'
     matches): by bisection over the token starts, so a message of many matches stays
@@ -589,6 +615,13 @@ def in_spans(toks: list[tuple[int, int, str]], spans: list[tuple[int, int]]) -> 
 _FUNCTION_WORDS = frozenset("of to in on at by for from with and or en".split())
 
 
+_CALENDAR_WORDS = frozenset("""
+january february march april may june july august september october november december
+jan feb mar apr jun jul aug sep sept oct nov dec monday tuesday wednesday thursday friday
+saturday sunday mon tue tues wed thu thur thurs fri sat sun am pm th st nd rd of
+""".split())
+
+
 def address_like(toks: list[str]) -> bool:
     """A number and a word, and a street name besides the street type: some word that is
     not a street type ("12 oak st", "via roma 5"), or one before the last that is ("22
@@ -601,6 +634,8 @@ def address_like(toks: list[str]) -> bool:
         if len(t) > 1 and t[0].isalpha() and (w := t.lower().rstrip(".")) not in _FUNCTION_WORDS
     ]
     words = [w for _, w in named]
+    if words and _CALENDAR_WORDS.issuperset(words):
+        return False  # a date ("3 Dec", "on 14 March"), not "12 May Street"
     # The street's first word comes after a unit and its number ("flat 2, 9 mill lane").
     street = [
         w for i, w in named
@@ -831,7 +866,11 @@ class TokenModel:
             else:
                 runs.append([i])
         if not person:  # an address has a number and a word ("12 oak st", "via roma 5")
-            runs = [_strip_punct(_after_blank_line(r, scored, text), scored) for r in runs]
+            runs = [
+                _strip_punct(_before_closing(_after_blank_line(_after_time(r, scored, text), scored, text),
+                                             scored, text), scored)
+                for r in runs
+            ]
             runs = [r for r in runs if r and address_like([scored[i][2] for i in r])]
         return [(scored[r[0]][0], scored[r[-1]][1]) for r in runs]
 

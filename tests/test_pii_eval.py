@@ -360,6 +360,13 @@ PHRASINGS = [
      "}}636 59 Guild Street\n}}Suite 258\n}}LONDON",
      [("PERSON", "Brigitte Friedman"), ("PERSON", "Brigitte Friedman"),
       ("ADDRESS", "636 59 Guild Street\n}}Suite 258")]),
+    # an address block ends above the message's closing line
+    ("closing after an address", "my new address is:\n14 Larch Close\nBasingstoke\nRG21 5TT\n\nCheers\nBen",
+     [("ADDRESS", "14 Larch Close\nBasingstoke\nRG21 5TT"), ("PERSON", "Ben")]),
+    # a date or a time is no address ("On 3 Dec, at 10:02, Carys Jones wrote:")
+    ("date or time", "On 3 Dec, at 10:02, Carys Jones wrote:", [("PERSON", "Carys Jones")]),
+    ("date or time", "on 14 march i paid twice", []),
+    ("date or time", "i live at 12 May Street", [("ADDRESS", "12 May Street")]),
     # an address block's last line, then a phone number: the phone is no postcode
     ("address then phone", "Mia Lund\n\n12 Storgata 5\n Apt. 3\n Oslo\n Norway 0155\n+47 912 34 567",
      [("PERSON", "Mia Lund"), ("ADDRESS", "12 Storgata 5\n Apt. 3\n Oslo\n Norway 0155"),
