@@ -61,6 +61,8 @@ def _by_first_char(alternatives: Iterable[str]) -> str:
 
 
 def _is_caseless(text: str) -> bool:
+    """Whether ``text`` says nothing by its case: no upper-case or no lower-case letter, or
+    capitals only where any text has them (``_sentence_case``)."""
     has_upper = has_lower = False
     for ch in text:
         if ch.isupper():
@@ -68,8 +70,43 @@ def _is_caseless(text: str) -> bool:
         elif ch.islower():
             has_lower = True
         if has_upper and has_lower:
+            return _sentence_case(text)
+    return True
+
+
+# A capitalized word's first letter (an upper-case letter before a lower-case one, at a
+# word's start); all-capital words ("PIN", "ATM") and "I" do not match.
+_CAPITALIZED_ASCII_RE = re.compile(r"(?<![A-Za-z0-9_'’])[A-Z](?=[a-z])")
+_CAPITALIZED_RE = re.compile(r"(?<![\w'’])[^\W\d_](?=[^\W\d_])")
+# What may stand between a sentence's end (or a line's start) and its first word.
+_LEAD_CHARS = frozenset(" \t\"'“‘«([{*-•>")
+_SENTENCE_ENDS = frozenset(".!?\n:;…")
+
+
+def _sentence_case(text: str) -> bool:
+    """Whether every capitalized word of ``text`` starts a sentence or a line ("Hi, my
+    name is john smith", "Name - joanna kowalska\nAddress - ..."): then a capital says
+    nothing about names, and the text is read as text without case. A capital inside a
+    sentence ("Thanks, Tom", "paid via PayPal") keeps the case."""
+    if text.isascii():
+        starts = (m.start() for m in _CAPITALIZED_ASCII_RE.finditer(text))
+    else:
+        starts = (m.start() for m in _CAPITALIZED_RE.finditer(text)
+                  if text[m.start()].isupper() and text[m.start() + 1].islower())
+    for i in starts:
+        j = i - 1
+        while j >= 0 and text[j] in _LEAD_CHARS:
+            j -= 1
+        if j >= 0 and (text[j] not in _SENTENCE_ENDS or (text[j] == "." and _abbreviation_before(text, j))):
             return False
     return True
+
+
+def _abbreviation_before(text: str, dot: int) -> bool:
+    """Whether the full stop at ``dot`` follows a capital initial ("J. Okafor"), which ends
+    no sentence. (A phone's keyboard capitalizes after any full stop, a title's ("Dr.
+    Brooke") or a lower-case initial's ("paige k. Tardif") too: no evidence there.)"""
+    return dot >= 1 and text[dot - 1].isupper() and (dot == 1 or not text[dot - 2].isalpha())
 
 
 def _lower_same_length(text: str) -> str:
@@ -80,11 +117,13 @@ def _lower_same_length(text: str) -> str:
 
 
 def _case_forms(text: str) -> tuple[bool, str, str]:
-    """Whether ``text`` is without case (no upper-case or no lower-case letter); the text
-    the patterns read (its lower case then, of the same length); its lower case."""
+    """Whether ``text`` is without case (no upper-case or no lower-case letter, or
+    capitals only at sentences' starts: ``_is_caseless``); the text the patterns read (its
+    lower case then, of the same length); its lower case."""
     if text.isascii():  # as below, by whole-string operations
         low = text.lower()
-        caseless = low == text or text.isupper()  # no upper case, or no lower case
+        # no upper case, or no lower case, or capitals at sentences' starts only
+        caseless = low == text or text.isupper() or _sentence_case(text)
         return caseless, low if caseless else text, low
     caseless = _is_caseless(text)
     scan = _lower_same_length(text) if caseless else text

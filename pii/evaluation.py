@@ -36,7 +36,9 @@ PRESIDIO_TYPE_MAP = {
     "PHONE_NUMBER": "PHONE", "CREDIT_CARD": "CARD", "IBAN_CODE": "IBAN", "US_SSN": "US_SSN",
     "IP_ADDRESS": "IP_ADDRESS",
 }  # fmt: skip
-CASES = ("cased", "lower", "upper")
+# "sentence": lower case with a capital at each sentence's and line's start and on "I", as a
+# phone's keyboard types it ("Hi, my name is john smith"): names are not capitalized.
+CASES = ("cased", "lower", "upper", "sentence")
 
 Detector = Callable[[str], Iterable[tuple[int, int, str]]]
 
@@ -78,9 +80,29 @@ def _same_length_case(text: str, fn: Callable[[str], str]) -> str:
     return "".join(c2 if len(c2 := fn(c)) == 1 else c for c in text)
 
 
+_SENTENCE_START_RE = re.compile(r"(?:^|[.!?]\s+|\n\s*)([^\W\d_])")
+_I_RE = re.compile(r"(?<![\w'’])i(?=['’](?:m|ve|d|ll)\b|(?![\w'’-]))")
+
+
+def sentence_case(text: str) -> str:
+    """``text`` lower-cased, then a capital at each sentence's and line's first letter and
+    on the pronoun "I" ("I'm", "I've"): how a phone's keyboard capitalizes. Same length."""
+    low = _same_length_case(text, str.lower)
+    chars = list(low)
+    for m in _SENTENCE_START_RE.finditer(low):
+        up = chars[m.start(1)].upper()
+        if len(up) == 1:
+            chars[m.start(1)] = up
+    for m in _I_RE.finditer(low):
+        chars[m.start()] = "I"
+    return "".join(chars)
+
+
 def case_variant(samples: list[Sample], case: str) -> list[Sample]:
     if case == "cased":
         return samples
+    if case == "sentence":
+        return [Sample(sentence_case(s.text), s.spans, s.group) for s in samples]
     fn = str.lower if case == "lower" else str.upper
     return [Sample(_same_length_case(s.text, fn), s.spans, s.group) for s in samples]
 

@@ -360,6 +360,14 @@ PHRASINGS = [
      "}}636 59 Guild Street\n}}Suite 258\n}}LONDON",
      [("PERSON", "Brigitte Friedman"), ("PERSON", "Brigitte Friedman"),
       ("ADDRESS", "636 59 Guild Street\n}}Suite 258")]),
+    # capitals only at sentences' and lines' starts (a phone's keyboard): names in lower case
+    ("sentence case", "Hi, my name is john smith", [("PERSON", "john smith")]),
+    ("sentence case", "Transfer to joanna kowalska failed. Can you check?", [("PERSON", "joanna kowalska")]),
+    ("sentence case", "Name - joanna kowalska\nAddress - 5 elm row edinburgh",
+     [("PERSON", "joanna kowalska"), ("ADDRESS", "5 elm row edinburgh")]),
+    ("sentence case", "My PIN is blocked. This is mike", [("PERSON", "mike")]),
+    ("sentence case", "Thanks, Tom", [("PERSON", "Tom")]),
+    ("sentence case", "Hi, I signed up yesterday. Thank you kindly", []),
     # an address block ends above the message's closing line
     ("closing after an address", "my new address is:\n14 Larch Close\nBasingstoke\nRG21 5TT\n\nCheers\nBen",
      [("ADDRESS", "14 Larch Close\nBasingstoke\nRG21 5TT"), ("PERSON", "Ben")]),
@@ -406,6 +414,26 @@ def heldback() -> dict[str, list[E.Sample]]:
     }
 
 
+def test_the_sentence_case_variant_capitalizes_as_a_keyboard_does() -> None:
+    text = "hi, i'm JOHN smith. my card?\n  thanks\nbob"
+    out = E.sentence_case(text)
+    assert out == "Hi, I'm john smith. My card?\n  Thanks\nBob" and len(out) == len(text)
+    sample = E.Sample(text, [(8, 18, "PERSON")], "g")
+    assert E.case_variant([sample], "sentence")[0].spans == sample.spans
+
+
+@pytest.mark.parametrize(("text", "caseless"), [
+    ("Hi, my name is john smith", True), ("My PIN is blocked. This is mike", True),
+    ("Name - joanna\nAddress - 5 elm row", True), ("Ms. Paige k. Tardif", True),
+    ("Thanks, Tom", False), ("I paid via PayPal", False), ("Dr. J. Okafor will call", False),
+    ("où est ma carte? Je suis élodie", True), ("Où est ma carte, Élodie", False),
+])
+def test_text_with_capitals_at_sentence_starts_only_is_read_without_case(text: str, caseless: bool) -> None:
+    from pii.casing import _case_forms, _is_caseless
+
+    assert _is_caseless(text) is caseless and _case_forms(text)[0] is caseless
+
+
 def test_the_halves_are_apart() -> None:
     """No template, phrasing or message of a held-back set is in a tuned half or in the
     other held-back set."""
@@ -433,12 +461,16 @@ def test_the_halves_are_apart() -> None:
 # (2026-12-07, night): presidio PERSON 0.880/0.904, 0.860/0.931, 0.860/0.931; casual PERSON
 # 0.896/0.960, ADDRESS 0.923/0.923 (12 of 13: the recall target, which the floor now is).
 # With the rare names, lone letters and company head nouns (2026-12-07, evening): presidio
-# PERSON 0.880/0.909, 0.876/0.929, 0.877/0.929.
+# PERSON 0.880/0.909, 0.876/0.929, 0.877/0.929. With capitals at sentences' starts read
+# as no case, and the sentence-case variant (2026-12-07, night; first scored then):
+# presidio PERSON 0.878/0.907, 0.877/0.926, 0.877/0.926, sentence case 0.877/0.926;
+# ADDRESS sentence case 0.941/0.921.
 FLOORS: dict[tuple[str, str, str], tuple[float, float]] = {
     ("presidio", "cased", "PERSON"): (0.86, 0.89),
     ("presidio", "lower", "PERSON"): (0.86, 0.91),
     ("presidio", "upper", "PERSON"): (0.86, 0.91),
-    **{("presidio", c, "ADDRESS"): (0.90, 0.90) for c in ("lower", "upper")},
+    ("presidio", "sentence", "PERSON"): (0.86, 0.91),
+    **{("presidio", c, "ADDRESS"): (0.90, 0.90) for c in ("lower", "upper", "sentence")},
     **{("casual", c, "PERSON"): (0.86, 0.93) for c in E.CASES},
     **{("casual", c, "ADDRESS"): (0.90, 0.90) for c in E.CASES},
     # The fresh held-back set (2026-12-07, scored once on the shipped detector, as written /
@@ -477,7 +509,8 @@ def test_heldback_recall_and_precision(heldback, source: str, case: str) -> None
 def test_false_detections_on_real_banking77_messages(case: str, most: float) -> None:
     """Per 1,000 held-out (test split) messages, as written and lower-cased: at most 1, the
     target (2 and 3 of 3,080 since 2026-12-07, when typos of common words stopped being
-    name candidates; 3 and 4 before)."""
+    name candidates; 3 and 4 before; 3 and 3 since capitals at sentences' starts only are
+    read as no case, 2026-12-07 night)."""
     texts = E.load_banking77("test")
     if case == "lower":
         texts = [t.lower() for t in texts]
