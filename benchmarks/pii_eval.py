@@ -169,7 +169,7 @@ def main() -> None:
     dest = ROOT / args.results
     dest.parent.mkdir(parents=True, exist_ok=True)
     dest.write_text(json.dumps(result, indent=1, ensure_ascii=False))
-    print("wrote", dest.relative_to(ROOT))
+    print("wrote", dest)
 
 
 

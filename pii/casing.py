@@ -5,6 +5,7 @@ builder for case-insensitive alternations that Python's ``re`` tries quickly
 
 from __future__ import annotations
 
+import functools
 import re
 from typing import TYPE_CHECKING
 
@@ -83,6 +84,7 @@ _LEAD_CHARS = frozenset(" \t\"'“‘«([{*-•>")
 _SENTENCE_ENDS = frozenset(".!?\n:;…")
 
 
+@functools.lru_cache(maxsize=4096)  # asked by several rule modules of the same message
 def _sentence_case(text: str) -> bool:
     """Whether every capitalized word of ``text`` starts a sentence or a line ("Hi, my
     name is john smith", "Name - joanna kowalska\nAddress - ..."): then a capital says
