@@ -594,6 +594,16 @@ def _before_closing(
     return run
 
 
+def _address_run(run: list[int], scored: list[tuple[int, int, str, float]], text: str) -> list[int]:
+    """An address run trimmed in turn: a time's minutes at its start, a name line above a
+    blank line, a closing line and what follows, punctuation at its ends."""
+    for trim in (_after_time, _after_blank_line, _before_closing):
+        if not run:
+            return run
+        run = trim(run, scored, text)
+    return _strip_punct(run, scored)
+
+
 def in_spans(toks: list[tuple[int, int, str]], spans: list[tuple[int, int]]) -> set[int]:
     """The indices of the tokens that lie wholly inside one of ``spans`` (the rules'
     matches): by bisection over the token starts, so a message of many matches stays
@@ -866,11 +876,7 @@ class TokenModel:
             else:
                 runs.append([i])
         if not person:  # an address has a number and a word ("12 oak st", "via roma 5")
-            runs = [
-                _strip_punct(_before_closing(_after_blank_line(_after_time(r, scored, text), scored, text),
-                                             scored, text), scored)
-                for r in runs
-            ]
+            runs = [_address_run(r, scored, text) for r in runs]
             runs = [r for r in runs if r and address_like([scored[i][2] for i in r])]
         return [(scored[r[0]][0], scored[r[-1]][1]) for r in runs]
 
